@@ -1,0 +1,12 @@
+// Generates the node protocol's Rust code. protoc comes from the vendored binary crate so the
+// build works offline on a machine without protobuf-compiler; an explicit PROTOC still wins.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("PROTOC").is_none() {
+        let protoc = protoc_bin_vendored::protoc_bin_path()?;
+        // SAFETY: build scripts are single-threaded at this point.
+        unsafe { std::env::set_var("PROTOC", protoc) };
+    }
+    println!("cargo:rerun-if-changed=proto/node.proto");
+    tonic_prost_build::configure().compile_protos(&["proto/node.proto"], &["proto"])?;
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! The command line: `serve` (the default), `node` and `agent`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::model::{LeasePolicy, PoolTarget};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sandbox-gateway",
+    version,
+    about = "e2b-compatible and Kubernetes-native sandboxes, with node daemons that keep warm pools",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// `serve` options, for a bare `sandbox-gateway`.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway (the default). Without --node it starts an embedded node.
+    Serve(ServeArgs),
+    /// Run a node daemon that owns the sandboxes of this machine.
+    Node(NodeArgs),
+    /// Run the in-sandbox agent (started by a node for every sandbox).
+    Agent(AgentArgs),
+}
+
+fn default_data_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(d).join("sandbox-gateway");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".local/share/sandbox-gateway");
+    }
+    PathBuf::from(".sandbox-gateway")
+}
+
+fn parse_pool(s: &str) -> Result<PoolTarget, String> {
+    s.parse().map_err(|e: crate::model::Error| e.message)
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address of the e2b REST API.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:3000",
+        env = "SANDBOX_GATEWAY_E2B_LISTEN"
+    )]
+    pub e2b_listen: String,
+    /// Address of the Kubernetes API facade.
+    #[arg(
+        long,
+        default_value = "127.0.0.1:6443",
+        env = "SANDBOX_GATEWAY_KUBE_LISTEN"
+    )]
+    pub kube_listen: String,
+    /// A node daemon's address (repeatable). Without any, an embedded node is started.
+    #[arg(long = "node", value_name = "ADDR")]
+    pub nodes: Vec<String>,
+    /// Where the gateway (and its embedded node) keep their state.
+    #[arg(long, env = "SANDBOX_GATEWAY_DATA_DIR", default_value_os_t = default_data_dir())]
+    pub data_dir: PathBuf,
+    /// File holding the fleet token nodes require [default: DATA_DIR/node-token].
+    #[arg(long)]
+    pub node_token_file: Option<PathBuf>,
+    /// Warm pool of the embedded node, TEMPLATE[/NET[/SIZE]]=COUNT (repeatable).
+    #[arg(long = "pool", value_parser = parse_pool, default_value = "base=4")]
+    pub pools: Vec<PoolTarget>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// Address of the node's gRPC listener.
+    #[arg(long, default_value = "127.0.0.1:7777")]
+    pub listen: String,
+    /// Address the node tells others to reach it at [default: the bound address].
+    #[arg(long)]
+    pub advertise_address: Option<String>,
+    #[arg(long, env = "SANDBOX_GATEWAY_NODE_DATA_DIR", default_value_os_t = default_data_dir().join("node"))]
+    pub data_dir: PathBuf,
+    /// Directory of templates [default: DATA_DIR/templates].
+    #[arg(long)]
+    pub templates_dir: Option<PathBuf>,
+    /// File holding the fleet token; created when missing [default: DATA_DIR/node-token].
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// The node's name [default: the host name].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Warm pool target, TEMPLATE[/NET[/SIZE]]=COUNT (repeatable).
+    #[arg(long = "pool", value_parser = parse_pool, default_value = "base=4")]
+    pub pools: Vec<PoolTarget>,
+    /// Lease of a claim that asks for none.
+    #[arg(long, default_value_t = 300)]
+    pub lease_default_seconds: u64,
+    /// Longest lease the node grants.
+    #[arg(long, default_value_t = 86_400)]
+    pub lease_max_seconds: u64,
+    /// Most children one fork may ask for.
+    #[arg(long, default_value_t = 16)]
+    pub fork_limit: u32,
+    /// Most sandboxes (claimed, warm and booting) the node runs.
+    #[arg(long, default_value_t = 512)]
+    pub max_sandboxes: u32,
+    /// Answer RESOURCE_EXHAUSTED on an empty pool instead of booting a sandbox.
+    #[arg(long)]
+    pub no_cold_start: bool,
+    /// Do not put sandboxes in their own namespaces even when running as root.
+    #[arg(long)]
+    pub no_isolation: bool,
+}
+
+impl NodeArgs {
+    pub fn lease(&self) -> LeasePolicy {
+        LeasePolicy {
+            default: Duration::from_secs(self.lease_default_seconds),
+            max: Duration::from_secs(self.lease_max_seconds),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// Address to listen on (when run by hand).
+    #[arg(long, conflicts_with = "listen_fd")]
+    pub listen: Option<String>,
+    /// An inherited listening socket.
+    #[arg(long)]
+    pub listen_fd: Option<i32>,
+    /// The node's lifeline pipe; the agent ends its process group when it closes.
+    #[arg(long)]
+    pub lifeline_fd: Option<i32>,
+    /// The sandbox's state directory.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        if let Ok(s) = std::str::from_utf8(&buf[..end])
+            && !s.is_empty()
+        {
+            return s.to_string();
+        }
+    }
+    "node".to_string()
+}

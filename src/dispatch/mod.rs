@@ -1,0 +1,897 @@
+//! The dispatcher: the only code that knows nodes exist. It finds nodes, routes claims,
+//! resolves a sandbox to its owning node, and keeps the merged read view. Both surfaces share
+//! one instance.
+
+pub mod client;
+pub mod owner_index;
+pub mod read_view;
+pub mod registry;
+mod routing;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use client::{Effect, NodeConn};
+use owner_index::OwnerIndex;
+use read_view::ReadView;
+use registry::{NodeHandle, Registry};
+
+use crate::model::{
+    self, CheckpointFilter, CheckpointRecord, Error, ErrorKind, InventoryEvent, NodeInfo, PoolKey,
+    Result, SandboxRecord, SandboxStats, ids,
+};
+use crate::proto;
+
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    /// Per-node deadline when looking a sandbox up.
+    pub lookup_timeout: Duration,
+    /// Deadline for short node calls (pause, resume, release, renew, stats).
+    pub call_timeout: Duration,
+    /// Deadline for a claim; a cold start boots an instance within it.
+    pub claim_timeout: Duration,
+    /// Deadline for calls that copy a sandbox's state (fork, checkpoint, branch).
+    pub capture_timeout: Duration,
+    /// Nodes asked at once when fanning out.
+    pub fanout_concurrency: usize,
+    /// How often each node is asked for its info (pools, health).
+    pub info_interval: Duration,
+    /// A node whose inventory stream has been gone this long leaves the read view.
+    pub stale_after: Duration,
+    pub owner_index_capacity: u64,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        DispatcherConfig {
+            lookup_timeout: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(10),
+            claim_timeout: Duration::from_secs(30),
+            capture_timeout: Duration::from_secs(600),
+            fanout_concurrency: 32,
+            info_interval: Duration::from_secs(1),
+            stale_after: Duration::from_secs(90),
+            owner_index_capacity: 200_000,
+        }
+    }
+}
+
+/// A claim as a surface asks for it.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub namespace: String,
+    /// Empty when the caller names nothing (the claim is then known by its id).
+    pub name: String,
+    pub key: PoolKey,
+    pub ttl_seconds: u64,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+}
+
+impl ClaimRequest {
+    fn claim_ref(&self) -> String {
+        if self.name.is_empty() {
+            String::new()
+        } else {
+            model::claim_ref(&self.namespace, &self.name)
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The claimed sandbox, with its token.
+    pub record: SandboxRecord,
+    /// True when a warm instance was handed over.
+    pub warm: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeSummary {
+    pub address: String,
+    pub up: bool,
+    pub info: Option<NodeInfo>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointListing {
+    pub checkpoints: Vec<CheckpointRecord>,
+    /// Nodes that did not answer; their checkpoints are missing from the listing.
+    pub unreachable: Vec<String>,
+}
+
+struct Inner {
+    cfg: DispatcherConfig,
+    token: String,
+    registry: Registry,
+    owners: OwnerIndex,
+    view: ReadView,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+#[derive(Clone)]
+pub struct Dispatcher {
+    inner: Arc<Inner>,
+}
+
+fn not_found(id: &str) -> Error {
+    Error::not_found(format!("sandbox {id:?} not found"))
+}
+
+fn in_scope(record: &SandboxRecord, namespace: Option<&str>) -> bool {
+    namespace.is_none_or(|ns| record.namespace() == ns)
+}
+
+impl Dispatcher {
+    pub fn new(cfg: DispatcherConfig, token: &str) -> Self {
+        let inner = Arc::new(Inner {
+            owners: OwnerIndex::new(cfg.owner_index_capacity),
+            cfg,
+            token: token.to_string(),
+            registry: Registry::default(),
+            view: ReadView::new(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        });
+        let d = Dispatcher { inner };
+        d.inner.tasks.spawn(d.clone().sweep_loop());
+        d
+    }
+
+    pub fn config(&self) -> &DispatcherConfig {
+        &self.inner.cfg
+    }
+
+    pub fn view(&self) -> &ReadView {
+        &self.inner.view
+    }
+
+    pub fn owners(&self) -> &OwnerIndex {
+        &self.inner.owners
+    }
+
+    /// Adds a node by address and starts following it.
+    pub fn add_node(&self, address: &str) -> Result<()> {
+        let conn = NodeConn::new(address, &self.inner.token)?;
+        let (handle, added) = self.inner.registry.add(conn);
+        if added {
+            self.inner.tasks.spawn(self.clone().monitor(handle));
+        }
+        Ok(())
+    }
+
+    /// Forgets a node (its sandboxes leave the view once it is stale).
+    pub fn remove_node(&self, address: &str) {
+        if let Some(h) = self.inner.registry.remove(address) {
+            h.mark_down();
+            if let Some(name) = h.name() {
+                self.inner.view.stream_lost(&name);
+            }
+        }
+    }
+
+    /// Waits until `count` nodes have answered.
+    pub async fn wait_for_nodes(&self, count: usize, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let up = self.inner.registry.up().len();
+            if up >= count {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::unavailable(format!(
+                    "{up} of {count} nodes answered within {timeout:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn nodes(&self) -> Vec<NodeSummary> {
+        self.inner
+            .registry
+            .all()
+            .iter()
+            .map(|h| NodeSummary {
+                address: h.address().to_string(),
+                up: h.is_up(),
+                info: h.info(),
+            })
+            .collect()
+    }
+
+    /// Warm pools across the fleet: pool key → (warm, target), summed over nodes that answer.
+    pub fn pools(&self) -> BTreeMap<PoolKey, (u32, u32)> {
+        let mut out: BTreeMap<PoolKey, (u32, u32)> = BTreeMap::new();
+        for h in self.inner.registry.up() {
+            if let Some(info) = h.info() {
+                for p in info.pools {
+                    let e = out.entry(p.key).or_default();
+                    e.0 += p.warm;
+                    e.1 += p.target;
+                }
+            }
+        }
+        out
+    }
+
+    /// Unpinned listing from the read view (eventually consistent).
+    pub fn list(&self, namespace: Option<&str>) -> (Vec<Arc<SandboxRecord>>, u64) {
+        self.inner.view.list(|r| in_scope(r, namespace))
+    }
+
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    // ----- following nodes -----
+
+    async fn monitor(self, h: Arc<NodeHandle>) {
+        let mut following = false;
+        loop {
+            if !self.is_registered(&h) {
+                return;
+            }
+            match h
+                .conn()
+                .info(self.inner.cfg.lookup_timeout.max(Duration::from_secs(1)))
+                .await
+            {
+                Ok(info) => {
+                    let name = info.name.clone();
+                    if !h.is_up() {
+                        tracing::info!(node = %name, address = h.address(), "node is up");
+                    }
+                    h.set_info(info);
+                    self.inner.registry.named(&h, &name);
+                    if !following {
+                        following = true;
+                        self.inner.tasks.spawn(self.clone().follow(h.clone(), name));
+                    }
+                }
+                Err(e) => {
+                    if h.is_up() || h.down_since().is_none() {
+                        tracing::warn!(node = %h.label(), error = %e, "node is not answering");
+                    }
+                    h.mark_down();
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.inner.cfg.info_interval) => {}
+                _ = self.inner.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    fn is_registered(&self, h: &Arc<NodeHandle>) -> bool {
+        self.inner.registry.all().iter().any(|x| Arc::ptr_eq(x, h))
+    }
+
+    /// Follows a node's inventory stream into the read view, reconnecting as needed.
+    async fn follow(self, h: Arc<NodeHandle>, name: String) {
+        let view = &self.inner.view;
+        loop {
+            if !self.is_registered(&h) {
+                return;
+            }
+            let mut client = h.conn().client();
+            let opened = tokio::select! {
+                r = client.watch_inventory(proto::WatchInventoryRequest {}) => r,
+                _ = self.inner.shutdown.cancelled() => return,
+            };
+            if let Ok(reply) = opened {
+                view.stream_started(&name);
+                let mut stream = reply.into_inner();
+                loop {
+                    let msg = tokio::select! {
+                        m = stream.message() => m,
+                        _ = self.inner.shutdown.cancelled() => return,
+                    };
+                    match msg {
+                        Ok(Some(ev)) => match InventoryEvent::try_from(ev) {
+                            Ok(ev) => view.apply(&name, ev),
+                            Err(e) => {
+                                tracing::warn!(node = %name, error = %e, "bad inventory event")
+                            }
+                        },
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            }
+            view.stream_lost(&name);
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = self.inner.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    async fn sweep_loop(self) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = self.inner.shutdown.cancelled() => return,
+            }
+            for node in self.inner.view.sweep(self.inner.cfg.stale_after) {
+                tracing::warn!(%node, "node is stale; its sandboxes left the read view");
+            }
+        }
+    }
+
+    // ----- claims -----
+
+    /// Claims a sandbox on some node: power-of-two choices among nodes with warm capacity for
+    /// the pool key, then among nodes that can cold-start it. A node that refuses (no
+    /// capacity, unreachable) is skipped; a claim whose outcome is unknown is never re-sent.
+    pub async fn claim(&self, req: ClaimRequest) -> Result<Claimed> {
+        model::sandbox::validate_claim_ref(&req.claim_ref())?;
+        let up = self.inner.registry.up();
+        if up.is_empty() {
+            return Err(Error::unavailable("no node is reachable"));
+        }
+        let key = &req.key;
+        let (mut warm, mut cold): (Vec<_>, Vec<_>) =
+            up.into_iter().partition(|h| h.warm_estimate(key) > 0);
+        cold.retain(|h| h.offers_template(&key.template) && h.cold_starts());
+        if warm.is_empty() && cold.is_empty() {
+            let offered = self
+                .inner
+                .registry
+                .up()
+                .iter()
+                .any(|h| h.offers_template(&key.template));
+            return Err(if offered {
+                Error::no_capacity(format!(
+                    "no node has a warm sandbox for {key} or can start one"
+                ))
+            } else {
+                Error::not_found(format!(
+                    "template {:?} is not offered by any node",
+                    key.template
+                ))
+            });
+        }
+        let request = proto::ClaimRequest {
+            key: Some(key.into()),
+            ttl_seconds: req.ttl_seconds,
+            claim_ref: req.claim_ref(),
+            metadata: req.metadata.clone().into_iter().collect(),
+            env_vars: req.env_vars.clone().into_iter().collect(),
+            no_redirect: true,
+        };
+        let mut refused: Vec<String> = Vec::new();
+        let mut last_err: Option<Error> = None;
+        loop {
+            let node = match routing::take_next(&mut warm, key) {
+                Some(n) => n,
+                None => match routing::take_next(&mut cold, key) {
+                    Some(n) => n,
+                    None => break,
+                },
+            };
+            cold.retain(|h| !Arc::ptr_eq(h, &node));
+            let mut c = node.conn().client();
+            let outcome = node
+                .conn()
+                .call(
+                    "claim",
+                    Effect::Write,
+                    self.inner.cfg.claim_timeout,
+                    c.claim(request.clone()),
+                )
+                .await;
+            match outcome {
+                Ok(reply) => {
+                    let record: SandboxRecord = reply
+                        .sandbox
+                        .ok_or_else(|| Error::internal("node answered a claim without a sandbox"))?
+                        .into();
+                    node.took_claim(key, reply.warm);
+                    self.inner
+                        .owners
+                        .remember(&record.id, &record.claim_ref, &node);
+                    return Ok(Claimed {
+                        record,
+                        warm: reply.warm,
+                    });
+                }
+                Err(e)
+                    if matches!(
+                        e.kind,
+                        ErrorKind::NoCapacity | ErrorKind::Unavailable | ErrorKind::NotFound
+                    ) =>
+                {
+                    tracing::debug!(node = %node.label(), error = %e, "node refused a claim; trying another");
+                    if e.kind == ErrorKind::Unavailable {
+                        node.mark_down();
+                    } else {
+                        node.refused_claim(key);
+                    }
+                    refused.push(node.label());
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match last_err {
+            Some(e) if e.kind == ErrorKind::NotFound => Err(e),
+            Some(e) if e.kind == ErrorKind::Unavailable && refused.len() == 1 => Err(e),
+            _ => Err(Error::no_capacity(format!(
+                "no node could take a claim for {key} (tried {})",
+                refused.join(", ")
+            ))),
+        }
+    }
+
+    /// Starts a fresh sandbox from a checkpoint on the node that holds it. `name_prefix`
+    /// scopes the checkpoint to a tenant (its name must start with it).
+    pub async fn claim_from_checkpoint(
+        &self,
+        checkpoint_id: &str,
+        name_prefix: &str,
+        req: ClaimRequest,
+    ) -> Result<Claimed> {
+        model::sandbox::validate_claim_ref(&req.claim_ref())?;
+        let (node, _) = self.locate_checkpoint(checkpoint_id, name_prefix).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "claim from checkpoint",
+                Effect::Write,
+                self.inner.cfg.capture_timeout,
+                c.claim_checkpoint(proto::ClaimCheckpointRequest {
+                    checkpoint_id: checkpoint_id.to_string(),
+                    ttl_seconds: req.ttl_seconds,
+                    claim_ref: req.claim_ref(),
+                    metadata: req.metadata.into_iter().collect(),
+                    env_vars: req.env_vars.into_iter().collect(),
+                    no_redirect: true,
+                }),
+            )
+            .await?;
+        let record: SandboxRecord = reply
+            .sandbox
+            .ok_or_else(|| Error::internal("node answered a claim without a sandbox"))?
+            .into();
+        node.took_claim(&record.key, false);
+        self.inner
+            .owners
+            .remember(&record.id, &record.claim_ref, &node);
+        Ok(Claimed {
+            record,
+            warm: false,
+        })
+    }
+
+    // ----- resolution -----
+
+    async fn get_on(&self, node: &Arc<NodeHandle>, id: &str) -> Result<SandboxRecord> {
+        let mut c = node.conn().client();
+        node.conn()
+            .call(
+                "get",
+                Effect::Read,
+                self.inner.cfg.lookup_timeout,
+                c.get(proto::SandboxRef { id: id.to_string() }),
+            )
+            .await
+            .map(Into::into)
+    }
+
+    /// Finds the node that owns claim id `id` (either spelling) and its live record (with
+    /// token): owner index → read view → every node. A sandbox outside `namespace` is not
+    /// found. When the owner cannot be reached the answer is Unavailable, never NotFound.
+    pub async fn locate(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+    ) -> Result<(Arc<NodeHandle>, SandboxRecord)> {
+        let id = ids::canonical_claim_id(id).ok_or_else(|| not_found(id))?;
+        let scoped = |r: SandboxRecord| {
+            if in_scope(&r, namespace) {
+                Ok(r)
+            } else {
+                Err(not_found(&id))
+            }
+        };
+        let known = self.inner.owners.node_of_id(&id).or_else(|| {
+            let rec = self.inner.view.find_id(&id)?;
+            self.inner.registry.by_name(&rec.node)
+        });
+        if let Some(node) = known {
+            return match self.get_on(&node, &id).await {
+                Ok(r) => {
+                    self.inner.owners.remember(&r.id, &r.claim_ref, &node);
+                    Ok((node, scoped(r)?))
+                }
+                Err(e) if e.kind == ErrorKind::NotFound => {
+                    self.inner.owners.forget_id(&id);
+                    Err(e)
+                }
+                Err(e) => Err(e.context(format!("sandbox {id:?} is on node {}", node.label()))),
+            };
+        }
+        let nodes = self.inner.registry.all();
+        let mut asks = futures::stream::iter(nodes.into_iter().map(|node| {
+            let id = id.clone();
+            async move {
+                let r = self.get_on(&node, &id).await;
+                (node, r)
+            }
+        }))
+        .buffer_unordered(self.inner.cfg.fanout_concurrency.max(1));
+        let mut unreachable = Vec::new();
+        let mut gone: Option<Error> = None;
+        while let Some((node, r)) = asks.next().await {
+            match r {
+                Ok(r) => {
+                    self.inner.owners.remember(&r.id, &r.claim_ref, &node);
+                    return Ok((node, scoped(r)?));
+                }
+                Err(e) if e.kind == ErrorKind::NotFound => {
+                    // A node that lost the claim says so; keep the more useful message.
+                    if e.message.contains("is gone") {
+                        gone = Some(e);
+                    }
+                }
+                Err(_) => unreachable.push(node.label()),
+            }
+        }
+        if !unreachable.is_empty() {
+            return Err(Error::unavailable(format!(
+                "sandbox {id:?} was not found on the nodes that answered; {} did not answer",
+                unreachable.join(", ")
+            )));
+        }
+        Err(gone.unwrap_or_else(|| not_found(&id)))
+    }
+
+    pub async fn get(&self, namespace: Option<&str>, id: &str) -> Result<SandboxRecord> {
+        self.locate(namespace, id).await.map(|(_, r)| r)
+    }
+
+    async fn list_on(&self, node: &Arc<NodeHandle>, claim_ref: &str) -> Result<Vec<SandboxRecord>> {
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "list",
+                Effect::Read,
+                self.inner.cfg.lookup_timeout,
+                c.list(proto::ListRequest {
+                    claim_ref: claim_ref.to_string(),
+                }),
+            )
+            .await?;
+        Ok(reply.sandboxes.into_iter().map(Into::into).collect())
+    }
+
+    /// The sandboxes claimed under `<namespace>/<name>`, asked live (newest first; a repeated
+    /// create under one name yields several). Records carry no tokens.
+    pub async fn find_by_name(&self, namespace: &str, name: &str) -> Result<Vec<SandboxRecord>> {
+        let claim_ref = model::claim_ref(namespace, name);
+        let mut candidates: Vec<Arc<NodeHandle>> = Vec::new();
+        if let Some(n) = self.inner.owners.node_of_ref(&claim_ref) {
+            candidates.push(n);
+        }
+        for rec in self.inner.view.find_claim_ref(&claim_ref) {
+            if let Some(n) = self.inner.registry.by_name(&rec.node)
+                && !candidates.iter().any(|c| Arc::ptr_eq(c, &n))
+            {
+                candidates.push(n);
+            }
+        }
+        let mut found = Vec::new();
+        let mut unreachable = Vec::new();
+        for node in &candidates {
+            match self.list_on(node, &claim_ref).await {
+                Ok(rs) => found.extend(rs.into_iter().map(|r| (node.clone(), r))),
+                Err(_) => unreachable.push(node.label()),
+            }
+        }
+        if found.is_empty() && unreachable.is_empty() {
+            self.inner.owners.forget_ref(&claim_ref);
+            let nodes = self.inner.registry.all();
+            let mut asks = futures::stream::iter(nodes.into_iter().map(|node| {
+                let claim_ref = claim_ref.clone();
+                async move {
+                    let r = self.list_on(&node, &claim_ref).await;
+                    (node, r)
+                }
+            }))
+            .buffer_unordered(self.inner.cfg.fanout_concurrency.max(1));
+            while let Some((node, r)) = asks.next().await {
+                match r {
+                    Ok(rs) => found.extend(rs.into_iter().map(|r| (node.clone(), r))),
+                    Err(_) => unreachable.push(node.label()),
+                }
+            }
+        }
+        if found.is_empty() && !unreachable.is_empty() {
+            return Err(Error::unavailable(format!(
+                "sandbox {namespace}/{name} was not found on the nodes that answered; {} did not answer",
+                unreachable.join(", ")
+            )));
+        }
+        for (node, r) in &found {
+            self.inner.owners.remember(&r.id, &r.claim_ref, node);
+        }
+        let mut records: Vec<SandboxRecord> = found.into_iter().map(|(_, r)| r).collect();
+        records.sort_by(|a, b| {
+            b.claimed_at
+                .cmp(&a.claimed_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        Ok(records)
+    }
+
+    // ----- verbs on one sandbox -----
+
+    pub async fn release(&self, namespace: Option<&str>, id: &str) -> Result<()> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        node.conn()
+            .call(
+                "release",
+                Effect::Write,
+                self.inner.cfg.call_timeout,
+                c.release(proto::SandboxRef {
+                    id: record.id.clone(),
+                }),
+            )
+            .await?;
+        self.inner.owners.forget_id(&record.id);
+        Ok(())
+    }
+
+    /// Sets the lease to `ttl_seconds` from now; a shorter lease only with `allow_shorter`.
+    /// Answers the deadline in force and whether it changed.
+    pub async fn renew(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        ttl_seconds: u64,
+        allow_shorter: bool,
+    ) -> Result<(DateTime<Utc>, bool)> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "renew",
+                Effect::Write,
+                self.inner.cfg.call_timeout,
+                c.renew(proto::RenewRequest {
+                    id: record.id,
+                    ttl_seconds,
+                    allow_shorter,
+                }),
+            )
+            .await?;
+        Ok((proto::from_ms(reply.deadline_ms), reply.changed))
+    }
+
+    /// Pauses (`pause = true`) or resumes; answers the record and whether the state changed.
+    pub async fn set_paused(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        pause: bool,
+    ) -> Result<(SandboxRecord, bool)> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let r = proto::SandboxRef { id: record.id };
+        let t = self.inner.cfg.call_timeout;
+        let reply = if pause {
+            node.conn()
+                .call("pause", Effect::Write, t, c.pause(r))
+                .await?
+        } else {
+            node.conn()
+                .call("resume", Effect::Write, t, c.resume(r))
+                .await?
+        };
+        let record = reply
+            .sandbox
+            .ok_or_else(|| Error::internal("node answered without the sandbox"))?
+            .into();
+        Ok((record, reply.changed))
+    }
+
+    /// Forks `count` children on the source's node, named `<namespace>/<child id>` in the
+    /// source's namespace, in request order.
+    pub async fn fork(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        count: u32,
+        ttl_seconds: u64,
+    ) -> Result<Vec<SandboxRecord>> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "fork",
+                Effect::Write,
+                self.inner.cfg.capture_timeout,
+                c.fork(proto::ForkRequest {
+                    id: record.id.clone(),
+                    count,
+                    ttl_seconds,
+                    claim_ref_prefix: format!("{}/", record.namespace()),
+                }),
+            )
+            .await?;
+        let children: Vec<SandboxRecord> = reply.children.into_iter().map(Into::into).collect();
+        for child in &children {
+            node.took_claim(&child.key, false);
+            self.inner
+                .owners
+                .remember(&child.id, &child.claim_ref, &node);
+        }
+        Ok(children)
+    }
+
+    pub async fn create_checkpoint(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        name: &str,
+    ) -> Result<CheckpointRecord> {
+        if !name.is_empty() {
+            model::validate_checkpoint_name(name)?;
+        }
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let ck: CheckpointRecord = node
+            .conn()
+            .call(
+                "checkpoint",
+                Effect::Write,
+                self.inner.cfg.capture_timeout,
+                c.create_checkpoint(proto::CreateCheckpointRequest {
+                    id: record.id,
+                    name: name.to_string(),
+                }),
+            )
+            .await?
+            .into();
+        self.inner.owners.remember_checkpoint(&ck.id, &node);
+        Ok(ck)
+    }
+
+    pub async fn stats(&self, namespace: Option<&str>, id: &str) -> Result<SandboxStats> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        node.conn()
+            .call(
+                "stats",
+                Effect::Read,
+                self.inner.cfg.call_timeout,
+                c.stats(proto::SandboxRef { id: record.id }),
+            )
+            .await
+            .map(Into::into)
+    }
+
+    // ----- checkpoints across the fleet -----
+
+    async fn checkpoints_on(
+        &self,
+        node: &Arc<NodeHandle>,
+        filter: &CheckpointFilter,
+    ) -> Result<Vec<CheckpointRecord>> {
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "list checkpoints",
+                Effect::Read,
+                self.inner.cfg.call_timeout,
+                c.list_checkpoints(proto::ListCheckpointsRequest {
+                    name_prefix: filter.name_prefix.clone(),
+                    sandbox_id: filter.sandbox_id.clone(),
+                    id: filter.id.clone(),
+                }),
+            )
+            .await?;
+        Ok(reply.checkpoints.into_iter().map(Into::into).collect())
+    }
+
+    /// Checkpoints on every node that answers, newest first.
+    pub async fn list_checkpoints(&self, filter: &CheckpointFilter) -> CheckpointListing {
+        let nodes = self.inner.registry.all();
+        let mut asks = futures::stream::iter(nodes.into_iter().map(|node| async move {
+            let r = self.checkpoints_on(&node, filter).await;
+            (node, r)
+        }))
+        .buffer_unordered(self.inner.cfg.fanout_concurrency.max(1));
+        let mut listing = CheckpointListing::default();
+        while let Some((node, r)) = asks.next().await {
+            match r {
+                Ok(cks) => {
+                    for ck in &cks {
+                        self.inner.owners.remember_checkpoint(&ck.id, &node);
+                    }
+                    listing.checkpoints.extend(cks);
+                }
+                Err(_) => listing.unreachable.push(node.label()),
+            }
+        }
+        listing.checkpoints.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| b.id.cmp(&a.id))
+        });
+        listing
+    }
+
+    /// The node holding checkpoint `id`, if its name starts with `name_prefix`.
+    async fn locate_checkpoint(
+        &self,
+        id: &str,
+        name_prefix: &str,
+    ) -> Result<(Arc<NodeHandle>, CheckpointRecord)> {
+        let missing = || Error::not_found(format!("checkpoint {id:?} not found"));
+        if !ids::is_checkpoint_id(id) {
+            return Err(missing());
+        }
+        let filter = CheckpointFilter {
+            name_prefix: name_prefix.to_string(),
+            id: id.to_string(),
+            ..Default::default()
+        };
+        if let Some(node) = self.inner.owners.node_of_checkpoint(id) {
+            match self.checkpoints_on(&node, &filter).await {
+                Ok(mut cks) if !cks.is_empty() => return Ok((node, cks.remove(0))),
+                Ok(_) => self.inner.owners.forget_checkpoint(id),
+                Err(e) => {
+                    return Err(e.context(format!("checkpoint {id:?} is on node {}", node.label())));
+                }
+            }
+        }
+        let listing = self.list_checkpoints(&filter).await;
+        match listing.checkpoints.into_iter().next() {
+            Some(ck) => {
+                let node = self
+                    .inner
+                    .owners
+                    .node_of_checkpoint(id)
+                    .ok_or_else(|| Error::internal("checkpoint owner was not recorded"))?;
+                Ok((node, ck))
+            }
+            None if !listing.unreachable.is_empty() => Err(Error::unavailable(format!(
+                "checkpoint {id:?} was not found on the nodes that answered; {} did not answer",
+                listing.unreachable.join(", ")
+            ))),
+            None => Err(missing()),
+        }
+    }
+
+    /// Deletes a checkpoint (scoped by name prefix like `claim_from_checkpoint`).
+    pub async fn delete_checkpoint(&self, id: &str, name_prefix: &str) -> Result<()> {
+        let (node, ck) = self.locate_checkpoint(id, name_prefix).await?;
+        let mut c = node.conn().client();
+        node.conn()
+            .call(
+                "delete checkpoint",
+                Effect::Write,
+                self.inner.cfg.call_timeout,
+                c.delete_checkpoint(proto::CheckpointRef { id: ck.id }),
+            )
+            .await?;
+        self.inner.owners.forget_checkpoint(id);
+        Ok(())
+    }
+}

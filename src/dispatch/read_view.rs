@@ -1,0 +1,382 @@
+//! The read view: every node's inventory merged into one list with a monotonic revision, for
+//! unpinned lists and watches. It follows each node's change stream; a node whose stream is
+//! lost keeps its entries until the staleness bound, then leaves the view.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast;
+
+use crate::model::{InventoryChange, InventoryEvent, SandboxRecord};
+
+/// Changes kept for watches that resume from an older revision.
+const HISTORY: usize = 16_384;
+const BROADCAST: usize = 16_384;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewEventKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+#[derive(Debug, Clone)]
+pub struct ViewEvent {
+    pub kind: ViewEventKind,
+    pub revision: u64,
+    pub sandbox: Arc<SandboxRecord>,
+}
+
+/// A watch asked to resume from a revision the view no longer remembers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expired {
+    pub oldest: u64,
+}
+
+#[derive(Default)]
+struct NodeSlice {
+    sandboxes: HashMap<String, Arc<SandboxRecord>>,
+    /// A snapshot being received (between stream start or RESET and SYNCED).
+    incoming: Option<HashMap<String, Arc<SandboxRecord>>>,
+    lost_since: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Inner {
+    revision: u64,
+    nodes: HashMap<String, NodeSlice>,
+    history: VecDeque<ViewEvent>,
+}
+
+pub struct ReadView {
+    inner: RwLock<Inner>,
+    tx: broadcast::Sender<ViewEvent>,
+}
+
+impl Default for ReadView {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Inner {
+    fn record(
+        &mut self,
+        tx: &broadcast::Sender<ViewEvent>,
+        kind: ViewEventKind,
+        sandbox: Arc<SandboxRecord>,
+    ) {
+        self.revision += 1;
+        let ev = ViewEvent {
+            kind,
+            revision: self.revision,
+            sandbox,
+        };
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(ev.clone());
+        let _ = tx.send(ev);
+    }
+
+    fn upsert(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str, record: SandboxRecord) {
+        let slice = self.nodes.entry(node.to_string()).or_default();
+        if let Some(incoming) = &mut slice.incoming {
+            incoming.insert(record.id.clone(), Arc::new(record));
+            return;
+        }
+        let record = Arc::new(record);
+        let kind = match slice.sandboxes.insert(record.id.clone(), record.clone()) {
+            None => ViewEventKind::Added,
+            Some(old) if *old == *record => return,
+            Some(_) => ViewEventKind::Modified,
+        };
+        self.record(tx, kind, record);
+    }
+
+    fn remove(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str, id: &str) {
+        let Some(slice) = self.nodes.get_mut(node) else {
+            return;
+        };
+        if let Some(incoming) = &mut slice.incoming {
+            incoming.remove(id);
+            return;
+        }
+        if let Some(old) = slice.sandboxes.remove(id) {
+            self.record(tx, ViewEventKind::Deleted, old);
+        }
+    }
+
+    /// Replaces a node's entries with the snapshot it just finished sending, announcing only
+    /// what differs.
+    fn settle(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str) {
+        let Some(slice) = self.nodes.get_mut(node) else {
+            return;
+        };
+        let Some(incoming) = slice.incoming.take() else {
+            return;
+        };
+        slice.lost_since = None;
+        let old = std::mem::replace(&mut slice.sandboxes, incoming.clone());
+        let mut changes = Vec::new();
+        for (id, rec) in &old {
+            if !incoming.contains_key(id) {
+                changes.push((ViewEventKind::Deleted, rec.clone()));
+            }
+        }
+        for (id, rec) in incoming {
+            match old.get(&id) {
+                None => changes.push((ViewEventKind::Added, rec)),
+                Some(o) if **o != *rec => changes.push((ViewEventKind::Modified, rec)),
+                Some(_) => {}
+            }
+        }
+        for (kind, rec) in changes {
+            self.record(tx, kind, rec);
+        }
+    }
+}
+
+impl ReadView {
+    pub fn new() -> Self {
+        let (tx, _) = broadcast::channel(BROADCAST);
+        ReadView {
+            inner: RwLock::new(Inner::default()),
+            tx,
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A node's stream (re)started: what it sends until SYNCED is its complete inventory.
+    pub fn stream_started(&self, node: &str) {
+        let mut inner = self.write();
+        let slice = inner.nodes.entry(node.to_string()).or_default();
+        slice.incoming = Some(HashMap::new());
+    }
+
+    /// A node's stream ended; its entries stay until `sweep` finds them stale.
+    pub fn stream_lost(&self, node: &str) {
+        let mut inner = self.write();
+        if let Some(slice) = inner.nodes.get_mut(node) {
+            slice.incoming = None;
+            slice.lost_since.get_or_insert_with(Instant::now);
+        }
+    }
+
+    pub fn apply(&self, node: &str, event: InventoryEvent) {
+        let mut inner = self.write();
+        match event.change {
+            InventoryChange::Added(r) | InventoryChange::Modified(r) => {
+                inner.upsert(&self.tx, node, r)
+            }
+            InventoryChange::Deleted(r) => inner.remove(&self.tx, node, &r.id),
+            InventoryChange::Synced => inner.settle(&self.tx, node),
+            InventoryChange::Reset => {
+                inner.nodes.entry(node.to_string()).or_default().incoming = Some(HashMap::new())
+            }
+        }
+    }
+
+    /// Drops the entries of nodes whose streams have been lost for longer than `stale_after`.
+    /// Returns the nodes dropped.
+    pub fn sweep(&self, stale_after: Duration) -> Vec<String> {
+        let mut inner = self.write();
+        let stale: Vec<String> = inner
+            .nodes
+            .iter()
+            .filter(|(_, s)| s.lost_since.is_some_and(|t| t.elapsed() >= stale_after))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for node in &stale {
+            if let Some(slice) = inner.nodes.remove(node) {
+                let mut gone: Vec<_> = slice.sandboxes.into_values().collect();
+                gone.sort_by(|a, b| a.id.cmp(&b.id));
+                for rec in gone {
+                    inner.record(&self.tx, ViewEventKind::Deleted, rec);
+                }
+            }
+        }
+        stale
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.read().revision
+    }
+
+    /// The records that pass `keep`, sorted by namespace, then name, then id; and the revision
+    /// they are current as of.
+    pub fn list(&self, keep: impl Fn(&SandboxRecord) -> bool) -> (Vec<Arc<SandboxRecord>>, u64) {
+        let inner = self.read();
+        let mut out: Vec<Arc<SandboxRecord>> = inner
+            .nodes
+            .values()
+            .flat_map(|s| s.sandboxes.values())
+            .filter(|r| keep(r))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| (a.namespace(), a.name(), &a.id).cmp(&(b.namespace(), b.name(), &b.id)));
+        (out, inner.revision)
+    }
+
+    pub fn find_id(&self, id: &str) -> Option<Arc<SandboxRecord>> {
+        let inner = self.read();
+        inner
+            .nodes
+            .values()
+            .find_map(|s| s.sandboxes.get(id).cloned())
+    }
+
+    pub fn find_claim_ref(&self, claim_ref: &str) -> Vec<Arc<SandboxRecord>> {
+        let inner = self.read();
+        inner
+            .nodes
+            .values()
+            .flat_map(|s| s.sandboxes.values())
+            .filter(|r| r.claim_ref == claim_ref)
+            .cloned()
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().nodes.values().map(|s| s.sandboxes.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Changes after revision `since` (all remembered ones when None is given, which callers
+    /// use after an initial list) and a receiver for later ones. A receiver event whose
+    /// revision is not above the last backlog revision is a duplicate and must be skipped.
+    pub fn watch(
+        &self,
+        since: u64,
+    ) -> Result<(Vec<ViewEvent>, broadcast::Receiver<ViewEvent>), Expired> {
+        let inner = self.read();
+        let rx = self.tx.subscribe();
+        if since >= inner.revision {
+            return Ok((Vec::new(), rx));
+        }
+        let oldest = inner
+            .history
+            .front()
+            .map_or(inner.revision + 1, |e| e.revision);
+        if since + 1 < oldest {
+            return Err(Expired { oldest });
+        }
+        let backlog = inner
+            .history
+            .iter()
+            .filter(|e| e.revision > since)
+            .cloned()
+            .collect();
+        Ok((backlog, rx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Phase, PoolKey};
+
+    fn rec(id: &str, claim_ref: &str) -> SandboxRecord {
+        SandboxRecord {
+            id: id.into(),
+            token: String::new(),
+            key: PoolKey::base(),
+            claim_ref: claim_ref.into(),
+            claimed_at: chrono::Utc::now(),
+            deadline: chrono::Utc::now(),
+            phase: Phase::Running,
+            address: String::new(),
+            metadata: Default::default(),
+            env_vars: Default::default(),
+            from_checkpoint: None,
+            forked_from: None,
+            node: "n1".into(),
+            cpu_count: 1,
+            memory_bytes: 1,
+            state_dir: String::new(),
+        }
+    }
+
+    fn ev(change: InventoryChange) -> InventoryEvent {
+        InventoryEvent {
+            change,
+            revision: 0,
+        }
+    }
+
+    #[test]
+    fn snapshots_settle_into_diffs_and_revisions_only_grow() {
+        let v = ReadView::new();
+        v.stream_started("n1");
+        v.apply("n1", ev(InventoryChange::Added(rec("a", "ns/a"))));
+        v.apply("n1", ev(InventoryChange::Added(rec("b", "ns/b"))));
+        assert_eq!(v.len(), 0, "nothing shows before the snapshot is complete");
+        v.apply("n1", ev(InventoryChange::Synced));
+        assert_eq!(v.len(), 2);
+        let r1 = v.revision();
+        assert_eq!(r1, 2);
+
+        // A reconnect whose snapshot lost "a", kept "b" unchanged, and gained "c".
+        v.stream_lost("n1");
+        v.stream_started("n1");
+        v.apply("n1", ev(InventoryChange::Added(rec("b", "ns/b"))));
+        v.apply("n1", ev(InventoryChange::Added(rec("c", "other/c"))));
+        v.apply("n1", ev(InventoryChange::Synced));
+        let (events, _) = v.watch(r1).unwrap();
+        let kinds: Vec<_> = events
+            .iter()
+            .map(|e| (e.kind, e.sandbox.id.clone()))
+            .collect();
+        assert!(kinds.contains(&(ViewEventKind::Deleted, "a".into())));
+        assert!(kinds.contains(&(ViewEventKind::Added, "c".into())));
+        assert_eq!(kinds.len(), 2);
+        assert!(events.windows(2).all(|w| w[0].revision < w[1].revision));
+
+        let (ns, _) = v.list(|r| r.namespace() == "ns");
+        assert_eq!(ns.len(), 1);
+        assert_eq!(v.find_claim_ref("other/c").len(), 1);
+
+        let mut m = rec("c", "other/c");
+        m.phase = Phase::Paused;
+        v.apply("n1", ev(InventoryChange::Modified(m)));
+        assert_eq!(v.find_id("c").unwrap().phase, Phase::Paused);
+    }
+
+    #[test]
+    fn lost_nodes_leave_after_the_staleness_bound() {
+        let v = ReadView::new();
+        v.stream_started("n1");
+        v.apply("n1", ev(InventoryChange::Added(rec("a", "ns/a"))));
+        v.apply("n1", ev(InventoryChange::Synced));
+        v.stream_lost("n1");
+        assert!(v.sweep(Duration::from_secs(60)).is_empty());
+        assert_eq!(v.len(), 1, "a lost node stays until it is stale");
+        assert_eq!(v.sweep(Duration::ZERO), vec!["n1".to_string()]);
+        assert_eq!(v.len(), 0);
+    }
+
+    #[test]
+    fn old_revisions_expire() {
+        let v = ReadView::new();
+        v.stream_started("n1");
+        v.apply("n1", ev(InventoryChange::Synced));
+        for i in 0..(HISTORY + 10) {
+            v.apply("n1", ev(InventoryChange::Added(rec(&format!("s{i}"), ""))));
+        }
+        assert!(v.watch(1).is_err());
+        let current = v.revision();
+        let (backlog, _) = v.watch(current - 3).unwrap();
+        assert_eq!(backlog.len(), 3);
+    }
+}

@@ -1,0 +1,12 @@
+//! sandbox-gateway: e2b-compatible and Kubernetes-native sandboxes on node daemons with warm
+//! pools. One binary runs the gateway, the node daemon and the in-sandbox agent.
+
+pub mod agent;
+pub mod config;
+pub mod dispatch;
+pub mod e2b;
+pub mod fsx;
+pub mod gateway;
+pub mod model;
+pub mod node;
+pub mod proto;

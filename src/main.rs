@@ -1,0 +1,102 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use sandbox_gateway::config::{Cli, Command, NodeArgs, host_name};
+use sandbox_gateway::model::{Error, Result, ids};
+use sandbox_gateway::node::NodeConfig;
+use sandbox_gateway::node::daemon::{self, DaemonConfig};
+use sandbox_gateway::node::runtime::process::AgentCommand;
+use sandbox_gateway::{agent, fsx, gateway};
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the async runtime", e))
+}
+
+async fn run_node(args: NodeArgs) -> Result<()> {
+    let token_file = args
+        .token_file
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("node-token"));
+    let (token, created) = fsx::load_or_create_secret(&token_file, || ids::random_hex(32))
+        .map_err(|e| Error::io(format!("fleet token file {}", token_file.display()), e))?;
+    if created {
+        println!("created fleet token in {}", token_file.display());
+    }
+    let mut node = NodeConfig::new(args.name.clone().unwrap_or_else(host_name), &args.data_dir);
+    node.templates_dir = args.templates_dir.clone();
+    node.pools = args.pools.clone();
+    node.lease = args.lease();
+    node.fork_limit = args.fork_limit;
+    node.max_sandboxes = args.max_sandboxes;
+    node.cold_start = !args.no_cold_start;
+    let running = daemon::start(DaemonConfig {
+        node,
+        listen: args.listen.clone(),
+        advertise_address: args.advertise_address.clone(),
+        token,
+        agent: AgentCommand::current_exe().map_err(|e| Error::io("locating this executable", e))?,
+        isolate: !args.no_isolation,
+    })
+    .await?;
+    println!(
+        "node {} listening on {} (token in {})",
+        running.node().name(),
+        running.address,
+        token_file.display()
+    );
+    gateway::stop_signal().await;
+    tracing::info!("stopping");
+    running.stop().await
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command.unwrap_or(Command::Serve(cli.serve)) {
+        Command::Agent(a) => {
+            init_logging("warn");
+            agent::run(agent::AgentConfig {
+                listen: a.listen,
+                listen_fd: a.listen_fd,
+                lifeline_fd: a.lifeline_fd,
+                state_dir: a.state_dir,
+            })
+        }
+        Command::Node(n) => {
+            init_logging("info");
+            runtime().and_then(|rt| rt.block_on(run_node(n)))
+        }
+        Command::Serve(s) => {
+            init_logging("info");
+            runtime().and_then(|rt| {
+                rt.block_on(gateway::run(gateway::ServeConfig {
+                    e2b_listen: s.e2b_listen,
+                    kube_listen: s.kube_listen,
+                    nodes: s.nodes,
+                    data_dir: s.data_dir,
+                    node_token_file: s.node_token_file,
+                    pools: s.pools,
+                }))
+            })
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandbox-gateway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

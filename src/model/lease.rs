@@ -1,0 +1,47 @@
+//! Lease rules: ttl 0 means the node default, anything larger is clamped to the node maximum.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasePolicy {
+    pub default: Duration,
+    pub max: Duration,
+}
+
+impl Default for LeasePolicy {
+    fn default() -> Self {
+        LeasePolicy {
+            default: Duration::from_secs(300),
+            max: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl LeasePolicy {
+    /// The lease granted for a requested ttl in seconds.
+    pub fn grant(&self, ttl_seconds: u64) -> Duration {
+        if ttl_seconds == 0 {
+            self.default.min(self.max)
+        } else {
+            Duration::from_secs(ttl_seconds).min(self.max)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_is_default_and_large_is_clamped() {
+        let p = LeasePolicy::default();
+        assert_eq!(p.grant(0), Duration::from_secs(300));
+        assert_eq!(p.grant(7), Duration::from_secs(7));
+        assert_eq!(p.grant(999_999_999), Duration::from_secs(86_400));
+        let tight = LeasePolicy {
+            default: Duration::from_secs(600),
+            max: Duration::from_secs(60),
+        };
+        assert_eq!(tight.grant(0), Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,18 @@
+//! The shared domain: ids, pool keys, lifetime rules, records, and the one error type.
+
+pub mod checkpoint;
+pub mod error;
+pub mod ids;
+pub mod lease;
+pub mod pool;
+pub mod sandbox;
+
+pub use checkpoint::{MAX_CHECKPOINT_NAME, stamped_name, validate_checkpoint_name};
+pub use error::{Error, ErrorKind, Result};
+pub use lease::LeasePolicy;
+pub use pool::{PoolKey, PoolTarget, SizeTier};
+pub use sandbox::{
+    CheckpointFilter, CheckpointRecord, DEFAULT_NAMESPACE, InventoryChange, InventoryEvent,
+    LostClaim, NodeInfo, NodeLimits, Phase, PoolStatus, SandboxRecord, SandboxStats, claim_ref,
+    split_claim_ref,
+};

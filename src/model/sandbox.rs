@@ -1,0 +1,237 @@
+//! The records nodes keep and the dispatcher hands to the surfaces.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{Error, PoolKey, Result};
+
+/// Namespace of sandboxes whose claim named none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// Bounds that keep a claim's free-form fields from growing a node's index without limit.
+pub const MAX_CLAIM_REF: usize = 253 + 1 + 253;
+pub const MAX_MAP_ENTRIES: usize = 256;
+pub const MAX_MAP_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Running,
+    Paused,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::Paused => "paused",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    /// The sandbox's data-plane credential; empty where the source withholds it (lists, watches).
+    pub token: String,
+    pub key: PoolKey,
+    pub claim_ref: String,
+    pub claimed_at: DateTime<Utc>,
+    pub deadline: DateTime<Utc>,
+    pub phase: Phase,
+    pub address: String,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub from_checkpoint: Option<String>,
+    pub forked_from: Option<String>,
+    pub node: String,
+    pub cpu_count: u32,
+    pub memory_bytes: u64,
+    /// Where the instance's state lives on its node.
+    pub state_dir: String,
+}
+
+impl SandboxRecord {
+    /// The namespace part of the claim ref (`default` when the claim named none).
+    pub fn namespace(&self) -> &str {
+        split_claim_ref(&self.claim_ref).0
+    }
+
+    /// The name part of the claim ref, or the claim id when the claim named none.
+    pub fn name(&self) -> &str {
+        let name = split_claim_ref(&self.claim_ref).1;
+        if name.is_empty() { &self.id } else { name }
+    }
+
+    pub fn without_token(mut self) -> Self {
+        self.token.clear();
+        self
+    }
+}
+
+/// Splits `<ns>/<name>`; a ref without `/` is a name in the default namespace.
+pub fn split_claim_ref(claim_ref: &str) -> (&str, &str) {
+    match claim_ref.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() => (ns, name),
+        Some((_, name)) => (DEFAULT_NAMESPACE, name),
+        None => (DEFAULT_NAMESPACE, claim_ref),
+    }
+}
+
+pub fn claim_ref(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+pub fn validate_claim_ref(claim_ref: &str) -> Result<()> {
+    if claim_ref.len() > MAX_CLAIM_REF {
+        return Err(Error::invalid(format!(
+            "claim ref is {} characters, at most {MAX_CLAIM_REF} are allowed",
+            claim_ref.len()
+        )));
+    }
+    if claim_ref.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "claim ref must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+pub fn validate_string_map(what: &str, map: &BTreeMap<String, String>) -> Result<()> {
+    if map.len() > MAX_MAP_ENTRIES {
+        return Err(Error::invalid(format!(
+            "{what} has {} entries, at most {MAX_MAP_ENTRIES} are allowed",
+            map.len()
+        )));
+    }
+    let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_MAP_BYTES {
+        return Err(Error::invalid(format!(
+            "{what} is {bytes} bytes, at most {MAX_MAP_BYTES} are allowed"
+        )));
+    }
+    if map.keys().any(|k| k.is_empty()) {
+        return Err(Error::invalid(format!("{what} has an empty key")));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    pub id: String,
+    pub name: String,
+    pub sandbox_id: String,
+    pub key: PoolKey,
+    pub created_at: DateTime<Utc>,
+    pub size_bytes: u64,
+    pub node: String,
+}
+
+/// Which checkpoints a listing wants; empty fields do not filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckpointFilter {
+    pub name_prefix: String,
+    pub sandbox_id: String,
+    pub id: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxStats {
+    pub id: String,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used_bytes: u64,
+    pub mem_total_bytes: u64,
+    pub mem_used_measured: bool,
+    pub disk_used_bytes: u64,
+    pub disk_total_bytes: u64,
+    pub measured_at: DateTime<Utc>,
+    pub phase: Phase,
+    pub process_count: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostClaim {
+    pub id: String,
+    pub claim_ref: String,
+    pub reason: String,
+    pub lost_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub key: PoolKey,
+    pub warm: u32,
+    pub target: u32,
+    pub booting: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLimits {
+    pub lease_default_seconds: u64,
+    pub lease_max_seconds: u64,
+    pub fork_limit: u32,
+    pub max_sandboxes: u32,
+    pub cold_start: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub advertise_address: String,
+    pub pools: Vec<PoolStatus>,
+    pub claimed: u32,
+    pub paused: u32,
+    pub checkpoints: u32,
+    pub limits: NodeLimits,
+    pub templates: Vec<String>,
+    pub revision: u64,
+    pub lost: Vec<LostClaim>,
+    pub runtime: String,
+    pub version: String,
+    pub started_at: DateTime<Utc>,
+}
+
+impl NodeInfo {
+    pub fn warm(&self, key: &PoolKey) -> u32 {
+        self.pools
+            .iter()
+            .filter(|p| &p.key == key)
+            .map(|p| p.warm)
+            .sum()
+    }
+}
+
+/// One change to a node's claimed sandboxes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InventoryChange {
+    Added(SandboxRecord),
+    Modified(SandboxRecord),
+    Deleted(SandboxRecord),
+    /// The initial snapshot is complete.
+    Synced,
+    /// The watcher fell behind: drop what is known of this node, a fresh snapshot follows.
+    Reset,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InventoryEvent {
+    pub change: InventoryChange,
+    pub revision: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_refs_split_into_namespace_and_name() {
+        assert_eq!(split_claim_ref("team-a/box"), ("team-a", "box"));
+        assert_eq!(split_claim_ref("box"), ("default", "box"));
+        assert_eq!(split_claim_ref("/box"), ("default", "box"));
+        assert_eq!(split_claim_ref("a/b/c"), ("a", "b/c"));
+        assert!(validate_claim_ref(&"x".repeat(600)).is_err());
+        assert!(validate_claim_ref("ns/a\nb").is_err());
+    }
+}

@@ -1,0 +1,74 @@
+//! A node's configuration and the directory layout under its data directory.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::model::{LeasePolicy, PoolTarget};
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub name: String,
+    pub data_dir: PathBuf,
+    /// Where templates live; `<data_dir>/templates` when unset.
+    pub templates_dir: Option<PathBuf>,
+    /// Filled in once the listener is bound (or given explicitly).
+    pub advertise_address: String,
+    pub pools: Vec<PoolTarget>,
+    pub lease: LeasePolicy,
+    pub fork_limit: u32,
+    /// Claimed + warm + booting instances this node runs at most.
+    pub max_sandboxes: u32,
+    /// Boot on a claim that finds its pool empty, instead of answering RESOURCE_EXHAUSTED.
+    pub cold_start: bool,
+    /// Instances booted at once to refill pools.
+    pub refill_concurrency: usize,
+}
+
+impl NodeConfig {
+    pub fn new(name: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        NodeConfig {
+            name: name.into(),
+            data_dir: data_dir.into(),
+            templates_dir: None,
+            advertise_address: String::new(),
+            pools: Vec::new(),
+            lease: LeasePolicy::default(),
+            fork_limit: 16,
+            max_sandboxes: 512,
+            cold_start: true,
+            refill_concurrency: 4,
+        }
+    }
+
+    pub fn paths(&self) -> Paths {
+        Paths::new(&self.data_dir, self.templates_dir.as_deref())
+    }
+}
+
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub root: PathBuf,
+    pub index: PathBuf,
+    pub lock: PathBuf,
+    pub sandboxes: PathBuf,
+    pub checkpoints: PathBuf,
+    pub templates: PathBuf,
+    /// Captures in flight (fork sources); emptied on start.
+    pub scratch: PathBuf,
+}
+
+impl Paths {
+    pub fn new(root: &Path, templates: Option<&Path>) -> Self {
+        Paths {
+            root: root.to_path_buf(),
+            index: root.join("index.json"),
+            lock: root.join("lock"),
+            sandboxes: root.join("sandboxes"),
+            checkpoints: root.join("checkpoints"),
+            templates: templates.map_or_else(|| root.join("templates"), Path::to_path_buf),
+            scratch: root.join("scratch"),
+        }
+    }
+}

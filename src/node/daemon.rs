@@ -1,0 +1,94 @@
+//! Runs a node: binds its gRPC listener, opens its state with the process runtime, and serves
+//! until stopped. Used by `sandbox-gateway node` and by the gateway's embedded node.
+
+use std::net::SocketAddr;
+
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use super::config::BOOT_TIMEOUT;
+use super::runtime::process::{AgentCommand, ProcessConfig, ProcessRuntime};
+use super::service::NodeService;
+use super::{Node, NodeConfig};
+use crate::model::{Error, Result, ids};
+use crate::proto::auth::RequireFleetToken;
+use crate::proto::node_server::NodeServer;
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub node: NodeConfig,
+    pub listen: String,
+    /// The address the node advertises; the bound address when unset.
+    pub advertise_address: Option<String>,
+    pub token: String,
+    pub agent: AgentCommand,
+    /// Put sandboxes in their own namespaces when running as root.
+    pub isolate: bool,
+}
+
+pub struct RunningNode {
+    pub address: SocketAddr,
+    node: Node<ProcessRuntime>,
+    server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+}
+
+pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|e| Error::io(format!("binding the node listener {}", cfg.listen), e))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the node listener address", e))?;
+    let mut node_cfg = cfg.node;
+    std::fs::create_dir_all(&node_cfg.data_dir)
+        .map_err(|e| Error::io(format!("creating {}", node_cfg.data_dir.display()), e))?;
+    node_cfg.data_dir = node_cfg
+        .data_dir
+        .canonicalize()
+        .map_err(|e| Error::io(format!("resolving {}", node_cfg.data_dir.display()), e))?;
+    node_cfg.advertise_address = cfg.advertise_address.unwrap_or_else(|| address.to_string());
+    let paths = node_cfg.paths();
+    let runtime = ProcessRuntime::new(ProcessConfig {
+        agent: cfg.agent,
+        state_root: paths.sandboxes.clone(),
+        tag: ids::stable_hash_hex(paths.root.as_os_str().as_encoded_bytes()),
+        isolate: cfg.isolate,
+        boot_timeout: BOOT_TIMEOUT,
+    })?;
+    let node = Node::open(node_cfg, runtime).await?;
+    let service = NodeServer::with_interceptor(
+        NodeService::new(node.clone()),
+        RequireFleetToken::new(&cfg.token),
+    );
+    let shutdown = node.shutdown_token();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                shutdown.cancelled().await
+            }),
+    );
+    Ok(RunningNode {
+        address,
+        node,
+        server,
+    })
+}
+
+impl RunningNode {
+    pub fn node(&self) -> &Node<ProcessRuntime> {
+        &self.node
+    }
+
+    /// Stops serving and destroys every instance; checkpoints and the index stay on disk.
+    pub async fn stop(self) -> Result<()> {
+        self.node.close();
+        match self.server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "node server ended with an error"),
+            Err(e) => tracing::error!(error = %e, "node server task failed"),
+        }
+        self.node.shutdown().await
+    }
+}

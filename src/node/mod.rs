@@ -1,0 +1,631 @@
+//! The node daemon: owns every sandbox on one machine. Warm pools, claims (an ownership
+//! transfer of an already-running instance), leases and reaping, pause/resume, fork,
+//! checkpoints, persistence and the inventory change stream. It knows nothing of e2b or
+//! Kubernetes.
+
+pub mod config;
+pub mod daemon;
+mod leases;
+mod ops;
+mod pools;
+pub mod runtime;
+pub mod service;
+mod store;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::{NodeConfig, Paths};
+use runtime::{Instance, Runtime};
+use store::{IndexFile, PersistedClaim};
+
+use crate::model::{
+    self, CheckpointRecord, Error, InventoryChange, InventoryEvent, LostClaim, NodeInfo,
+    NodeLimits, PoolKey, PoolStatus, Result, SandboxRecord, ids,
+};
+
+/// How many lost claims a node remembers and reports.
+const LOST_MEMORY: usize = 1000;
+const EVENT_BUFFER: usize = 4096;
+
+/// Serializes the verbs that act on one instance (pause, resume, capture, release).
+pub(crate) type VerbLock = Arc<tokio::sync::Mutex<()>>;
+
+pub(crate) struct Claim<H> {
+    record: SandboxRecord,
+    instance: Instance<H>,
+    op: VerbLock,
+    /// The previous CPU reading, for a usage rate.
+    last_cpu: Option<(Instant, u64)>,
+}
+
+pub(crate) struct Pool<H> {
+    target: u32,
+    warm: VecDeque<Instance<H>>,
+    booting: u32,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+impl<H> Pool<H> {
+    fn new(target: u32) -> Self {
+        Pool {
+            target,
+            warm: VecDeque::new(),
+            booting: 0,
+            failures: 0,
+            retry_at: None,
+        }
+    }
+}
+
+pub(crate) struct State<H> {
+    claims: HashMap<String, Claim<H>>,
+    pools: BTreeMap<PoolKey, Pool<H>>,
+    checkpoints: HashMap<String, CheckpointRecord>,
+    lost: VecDeque<LostClaim>,
+    revision: u64,
+    /// Instances being booted for claims, forks and branches (pool refills count in `Pool`).
+    booting_for_claims: u32,
+    closing: bool,
+}
+
+impl<H> State<H> {
+    fn instances(&self) -> u32 {
+        let pooled: u32 = self
+            .pools
+            .values()
+            .map(|p| p.warm.len() as u32 + p.booting)
+            .sum();
+        self.claims.len() as u32 + pooled + self.booting_for_claims
+    }
+
+    fn emit(&mut self, tx: &broadcast::Sender<InventoryEvent>, change: InventoryChange) {
+        self.revision += 1;
+        // Nobody listening is fine; watchers resynchronize from snapshots.
+        let _ = tx.send(InventoryEvent {
+            change,
+            revision: self.revision,
+        });
+    }
+
+    fn remember_lost(&mut self, lost: LostClaim) {
+        self.lost.push_front(lost);
+        self.lost.truncate(LOST_MEMORY);
+    }
+}
+
+pub(crate) struct Inner<R: Runtime> {
+    cfg: NodeConfig,
+    paths: Paths,
+    runtime: R,
+    state: Mutex<State<R::Handle>>,
+    events: broadcast::Sender<InventoryEvent>,
+    wake_refill: Notify,
+    wake_persist: Notify,
+    wake_reaper: Notify,
+    /// Background work (destroys, boots, the node's loops) that shutdown waits for.
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    started_at: DateTime<Utc>,
+    _lock: runtime::sys::DirLock,
+}
+
+/// A node: cheap to clone, all clones share one state.
+pub struct Node<R: Runtime> {
+    inner: Arc<Inner<R>>,
+}
+
+impl<R: Runtime> Clone for Node<R> {
+    fn clone(&self) -> Self {
+        Node {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// What a caller asks for when claiming.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimSpec {
+    pub ttl_seconds: u64,
+    pub claim_ref: String,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+}
+
+impl ClaimSpec {
+    fn validate(&self) -> Result<()> {
+        model::sandbox::validate_claim_ref(&self.claim_ref)?;
+        model::sandbox::validate_string_map("metadata", &self.metadata)?;
+        model::sandbox::validate_string_map("envVars", &self.env_vars)
+    }
+}
+
+const BASE_README: &str = "This directory is the state of a sandbox started from the `base` template.\n\
+Files written here are captured by checkpoints and copied into forks.\n";
+
+fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(what, e)
+}
+
+impl<R: Runtime> Node<R> {
+    /// Opens the node's data directory, recovers its index (reporting claims whose instances
+    /// did not survive), removes leftovers of an earlier run, and starts the background loops.
+    pub async fn open(cfg: NodeConfig, runtime: R) -> Result<Self> {
+        let paths = cfg.paths();
+        for dir in [
+            &paths.root,
+            &paths.sandboxes,
+            &paths.checkpoints,
+            &paths.templates,
+        ] {
+            std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        }
+        let lock = runtime::sys::lock_file(&paths.lock).map_err(|e| {
+            Error::unavailable(format!(
+                "data directory {} is in use by another node ({e})",
+                paths.root.display()
+            ))
+        })?;
+        let base = paths.templates.join("base");
+        if !base.exists() {
+            std::fs::create_dir_all(&base).map_err(io("creating the base template"))?;
+            std::fs::write(base.join("README.txt"), BASE_README)
+                .map_err(io("creating the base template"))?;
+        }
+        let mut pools = BTreeMap::new();
+        for p in &cfg.pools {
+            if !paths.templates.join(&p.key.template).is_dir() {
+                return Err(Error::invalid(format!(
+                    "pool {}: template directory {} does not exist",
+                    p.key,
+                    paths.templates.join(&p.key.template).display()
+                )));
+            }
+            pools.insert(p.key.clone(), Pool::new(p.target));
+        }
+
+        let previous = IndexFile::<R::Handle>::load(&paths.index)?;
+        let mut lost: VecDeque<LostClaim> = VecDeque::new();
+        let mut checkpoints = HashMap::new();
+        if let Some(index) = previous {
+            lost.extend(index.lost);
+            let now = Utc::now();
+            for PersistedClaim { record, instance } in index.claims {
+                let alive = runtime.is_alive(&instance);
+                let reason = if alive {
+                    format!(
+                        "node {} restarted; the instance could not be re-adopted and was stopped",
+                        cfg.name
+                    )
+                } else {
+                    format!("its instance was gone when node {} restarted", cfg.name)
+                };
+                tracing::warn!(id = %record.id, claim_ref = %record.claim_ref, %reason, "claim lost");
+                if let Err(e) = runtime.destroy(&instance).await {
+                    tracing::error!(id = %record.id, error = %e, "could not clean up a lost instance");
+                }
+                lost.push_front(LostClaim {
+                    id: record.id,
+                    claim_ref: record.claim_ref,
+                    reason,
+                    lost_at: now,
+                });
+            }
+            for ck in index.checkpoints {
+                if paths.checkpoints.join(&ck.id).is_dir() {
+                    checkpoints.insert(ck.id.clone(), ck);
+                } else {
+                    tracing::error!(id = %ck.id, "checkpoint data is missing; dropping its record");
+                }
+            }
+        }
+        lost.truncate(LOST_MEMORY);
+        runtime.reclaim_orphans().await;
+        for dir in [&paths.sandboxes, &paths.scratch] {
+            // Nothing in these survives a restart: claims were handled above, warm instances
+            // and captures in flight are rebuilt.
+            let _ = std::fs::remove_dir_all(dir);
+            std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        }
+        if let Ok(entries) = std::fs::read_dir(&paths.checkpoints) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if !checkpoints.contains_key(&name) {
+                    tracing::warn!(dir = %e.path().display(), "removing checkpoint data without a record");
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let inner = Arc::new(Inner {
+            paths,
+            runtime,
+            state: Mutex::new(State {
+                claims: HashMap::new(),
+                pools,
+                checkpoints,
+                lost,
+                revision: 0,
+                booting_for_claims: 0,
+                closing: false,
+            }),
+            events,
+            wake_refill: Notify::new(),
+            wake_persist: Notify::new(),
+            wake_reaper: Notify::new(),
+            tasks: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+            started_at: Utc::now(),
+            _lock: lock,
+            cfg,
+        });
+        let node = Node { inner };
+        node.persist_now().await?;
+        node.inner.tasks.spawn(node.clone().refill_loop());
+        node.inner.tasks.spawn(node.clone().reaper_loop());
+        node.inner.tasks.spawn(node.clone().persist_loop());
+        Ok(node)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.cfg.name
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.cfg
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State<R::Handle>> {
+        // A panic while holding the lock leaves consistent-enough data; keep serving.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    fn not_found(&self, st: &State<R::Handle>, id: &str) -> Error {
+        if let Some(l) = st.lost.iter().find(|l| l.id == id) {
+            return Error::not_found(format!(
+                "sandbox {id:?} is gone: {} ({})",
+                l.reason,
+                l.lost_at.to_rfc3339()
+            ));
+        }
+        Error::not_found(format!(
+            "sandbox {id:?} not found on node {:?}",
+            self.name()
+        ))
+    }
+
+    fn template_dir(&self, template: &str) -> Result<PathBuf> {
+        model::pool::validate_template_name(template)?;
+        let dir = self.inner.paths.templates.join(template);
+        if dir.is_dir() {
+            Ok(dir)
+        } else {
+            Err(Error::not_found(format!(
+                "template {template:?} is not on node {:?}",
+                self.name()
+            )))
+        }
+    }
+
+    pub fn templates(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.inner.paths.templates)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                    .filter(|n| model::pool::validate_template_name(n).is_ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    fn stamp(
+        &self,
+        inst: &Instance<R::Handle>,
+        key: &PoolKey,
+        spec: &ClaimSpec,
+        origin: Origin,
+    ) -> SandboxRecord {
+        let now = Utc::now();
+        let lease = self.inner.cfg.lease.grant(spec.ttl_seconds);
+        let tier = key.tier();
+        let id = ids::new_claim_id();
+        let claim_ref = match &origin {
+            Origin::Fork { prefix, .. } => format!("{prefix}{id}"),
+            _ => spec.claim_ref.clone(),
+        };
+        SandboxRecord {
+            token: ids::new_token(),
+            key: key.clone(),
+            claim_ref,
+            claimed_at: now,
+            deadline: now + lease,
+            phase: model::Phase::Running,
+            address: inst.address.clone(),
+            metadata: spec.metadata.clone(),
+            env_vars: spec.env_vars.clone(),
+            from_checkpoint: match &origin {
+                Origin::Checkpoint(ck) => Some(ck.clone()),
+                _ => None,
+            },
+            forked_from: match &origin {
+                Origin::Fork { parent, .. } => Some(parent.clone()),
+                _ => None,
+            },
+            node: self.name().to_string(),
+            cpu_count: tier.cpu_count,
+            memory_bytes: tier.memory_bytes,
+            state_dir: inst.dir.display().to_string(),
+            id,
+        }
+    }
+
+    /// Records a new claim and announces it. Returns the record with its token.
+    fn insert_claim(
+        &self,
+        st: &mut State<R::Handle>,
+        record: SandboxRecord,
+        instance: Instance<R::Handle>,
+    ) -> SandboxRecord {
+        st.emit(
+            &self.inner.events,
+            InventoryChange::Added(record.clone().without_token()),
+        );
+        st.claims.insert(
+            record.id.clone(),
+            Claim {
+                record: record.clone(),
+                instance,
+                op: Arc::new(tokio::sync::Mutex::new(())),
+                last_cpu: None,
+            },
+        );
+        record
+    }
+
+    fn changed(&self) {
+        self.inner.wake_persist.notify_one();
+        self.inner.wake_reaper.notify_one();
+    }
+
+    /// Destroys an instance without making the caller wait; shutdown waits for it.
+    fn destroy_later(&self, instance: Instance<R::Handle>, why: &'static str) {
+        let node = self.clone();
+        self.inner.tasks.spawn(async move {
+            if let Err(e) = node.inner.runtime.destroy(&instance).await {
+                tracing::error!(instance = %instance.id, error = %e, why, "destroying an instance failed");
+            }
+        });
+    }
+
+    /// Boots a fresh instance whose state is a copy of `seed`.
+    async fn boot(&self, key: &PoolKey, seed: &std::path::Path) -> Result<Instance<R::Handle>> {
+        let id = ids::new_instance_id();
+        let dir = self.inner.paths.sandboxes.join(&id);
+        self.inner
+            .runtime
+            .boot(runtime::BootSpec {
+                instance_id: &id,
+                key,
+                seed,
+                dir: &dir,
+            })
+            .await
+    }
+
+    /// Takes a slot for an instance to be booted for a caller, or says why there is none.
+    fn reserve(&self, st: &mut State<R::Handle>, count: u32) -> Result<()> {
+        if st.closing {
+            return Err(Error::unavailable(format!(
+                "node {:?} is shutting down",
+                self.name()
+            )));
+        }
+        let max = self.inner.cfg.max_sandboxes;
+        if st.instances() + count > max {
+            return Err(Error::no_capacity(format!(
+                "node {:?} runs {} of at most {max} sandboxes; {count} more do not fit",
+                self.name(),
+                st.instances()
+            )));
+        }
+        st.booting_for_claims += count;
+        Ok(())
+    }
+
+    pub fn info(&self) -> NodeInfo {
+        let st = self.state();
+        let cfg = &self.inner.cfg;
+        NodeInfo {
+            name: cfg.name.clone(),
+            advertise_address: cfg.advertise_address.clone(),
+            pools: st
+                .pools
+                .iter()
+                .map(|(k, p)| PoolStatus {
+                    key: k.clone(),
+                    warm: p.warm.len() as u32,
+                    target: p.target,
+                    booting: p.booting,
+                })
+                .collect(),
+            claimed: st.claims.len() as u32,
+            paused: st
+                .claims
+                .values()
+                .filter(|c| c.record.phase == model::Phase::Paused)
+                .count() as u32,
+            checkpoints: st.checkpoints.len() as u32,
+            limits: NodeLimits {
+                lease_default_seconds: cfg.lease.default.as_secs(),
+                lease_max_seconds: cfg.lease.max.as_secs(),
+                fork_limit: cfg.fork_limit,
+                max_sandboxes: cfg.max_sandboxes,
+                cold_start: cfg.cold_start,
+            },
+            templates: self.templates(),
+            revision: st.revision,
+            lost: st.lost.iter().cloned().collect(),
+            runtime: self.inner.runtime.name().to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: self.inner.started_at,
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxRecord> {
+        let st = self.state();
+        st.claims
+            .get(id)
+            .map(|c| c.record.clone())
+            .ok_or_else(|| self.not_found(&st, id))
+    }
+
+    /// Claimed sandboxes (without tokens), optionally only those with one claim ref.
+    pub fn list(&self, claim_ref: Option<&str>) -> (Vec<SandboxRecord>, u64) {
+        let st = self.state();
+        let mut out: Vec<SandboxRecord> = st
+            .claims
+            .values()
+            .filter(|c| claim_ref.is_none_or(|r| c.record.claim_ref == r))
+            .map(|c| c.record.clone().without_token())
+            .collect();
+        out.sort_by(|a, b| {
+            a.claimed_at
+                .cmp(&b.claimed_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        (out, st.revision)
+    }
+
+    /// A snapshot of the inventory and a receiver for every change after it.
+    pub fn watch(&self) -> (Vec<SandboxRecord>, u64, broadcast::Receiver<InventoryEvent>) {
+        let st = self.state();
+        let rx = self.inner.events.subscribe();
+        let snapshot = st
+            .claims
+            .values()
+            .map(|c| c.record.clone().without_token())
+            .collect();
+        (snapshot, st.revision, rx)
+    }
+
+    async fn persist_now(&self) -> Result<()> {
+        let index = {
+            let st = self.state();
+            IndexFile {
+                version: store::INDEX_VERSION,
+                node: self.name().to_string(),
+                claims: st
+                    .claims
+                    .values()
+                    .map(|c| PersistedClaim {
+                        record: c.record.clone(),
+                        instance: c.instance.clone(),
+                    })
+                    .collect(),
+                checkpoints: st.checkpoints.values().cloned().collect(),
+                lost: st.lost.iter().cloned().collect(),
+            }
+        };
+        let path = self.inner.paths.index.clone();
+        tokio::task::spawn_blocking(move || index.save(&path))
+            .await
+            .map_err(|e| Error::internal(format!("persist task failed: {e}")))?
+    }
+
+    async fn persist_loop(self) {
+        loop {
+            tokio::select! {
+                _ = self.inner.wake_persist.notified() => {}
+                _ = self.inner.shutdown.cancelled() => return,
+            }
+            if let Err(e) = self.persist_now().await {
+                tracing::error!(error = %e, "writing the node index failed");
+            }
+        }
+    }
+
+    /// Stops accepting work and ends watches and background loops. In-flight requests finish.
+    pub fn close(&self) {
+        self.state().closing = true;
+        self.inner.shutdown.cancel();
+    }
+
+    /// Closes the node and destroys every instance it runs. Claims destroyed this way are
+    /// remembered as lost, so a later Get explains what happened to them. Checkpoints stay.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.close();
+        let (claims, warm) = {
+            let mut st = self.state();
+            let claims: Vec<Claim<R::Handle>> = st.claims.drain().map(|(_, c)| c).collect();
+            let warm: Vec<Instance<R::Handle>> = st
+                .pools
+                .values_mut()
+                .flat_map(|p| p.warm.drain(..))
+                .collect();
+            let now = Utc::now();
+            for c in &claims {
+                st.remember_lost(LostClaim {
+                    id: c.record.id.clone(),
+                    claim_ref: c.record.claim_ref.clone(),
+                    reason: format!("destroyed when node {} shut down", self.name()),
+                    lost_at: now,
+                });
+                st.emit(
+                    &self.inner.events,
+                    InventoryChange::Deleted(c.record.clone().without_token()),
+                );
+            }
+            (claims, warm)
+        };
+        let runtime = &self.inner.runtime;
+        let destroys = claims
+            .iter()
+            .map(|c| &c.instance)
+            .chain(warm.iter())
+            .map(|i| runtime.destroy(i));
+        for r in futures::future::join_all(destroys).await {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "destroying an instance at shutdown failed");
+            }
+        }
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        // Refills that finished after the drain above put nothing back (the node is closing),
+        // but make sure no warm instance is left.
+        let late: Vec<Instance<R::Handle>> = {
+            let mut st = self.state();
+            st.pools
+                .values_mut()
+                .flat_map(|p| p.warm.drain(..))
+                .collect()
+        };
+        for i in late {
+            let _ = runtime.destroy(&i).await;
+        }
+        self.persist_now().await
+    }
+}
+
+/// Where a claimed instance's state came from.
+#[derive(Debug, Clone)]
+pub(crate) enum Origin {
+    Pool,
+    Checkpoint(String),
+    Fork { parent: String, prefix: String },
+}

@@ -1,0 +1,407 @@
+//! The node's verbs: claim, branch from a checkpoint, release, renew, pause/resume, fork,
+//! checkpoints and stats.
+
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+
+use super::runtime::{Instance, Runtime};
+use super::{ClaimSpec, Node, Origin, VerbLock};
+use crate::fsx;
+use crate::model::CheckpointFilter;
+use crate::model::{
+    self, CheckpointRecord, Error, InventoryChange, Phase, PoolKey, Result, SandboxRecord,
+    SandboxStats, ids,
+};
+
+impl<R: Runtime> Node<R> {
+    /// Hands over a warm instance of `key` (nothing boots on that path). An empty pool
+    /// cold-starts when the node allows it, else answers NoCapacity.
+    /// Returns the record (with its token) and whether it came warm.
+    pub async fn claim(&self, key: &PoolKey, spec: ClaimSpec) -> Result<(SandboxRecord, bool)> {
+        spec.validate()?;
+        let seed = {
+            let mut st = self.state();
+            if st.closing {
+                return Err(Error::unavailable(format!(
+                    "node {:?} is shutting down",
+                    self.name()
+                )));
+            }
+            if let Some(inst) = st.pools.get_mut(key).and_then(|p| p.warm.pop_front()) {
+                let record = self.stamp(&inst, key, &spec, Origin::Pool);
+                let record = self.insert_claim(&mut st, record, inst);
+                drop(st);
+                self.changed();
+                self.inner.wake_refill.notify_one();
+                return Ok((record, true));
+            }
+            if !self.inner.cfg.cold_start {
+                return Err(Error::no_capacity(format!(
+                    "node {:?} has no warm sandbox for {key} and does not cold-start",
+                    self.name()
+                )));
+            }
+            let seed = self.template_dir(&key.template)?;
+            self.reserve(&mut st, 1)?;
+            seed
+        };
+        let booted = self.boot(key, &seed).await;
+        let record = self.adopt(booted, key, &spec, Origin::Pool)?;
+        Ok((record, false))
+    }
+
+    /// Starts a fresh sandbox from a checkpoint: its own id, token and lease.
+    pub async fn claim_checkpoint(
+        &self,
+        checkpoint_id: &str,
+        spec: ClaimSpec,
+    ) -> Result<SandboxRecord> {
+        spec.validate()?;
+        let ck = {
+            let mut st = self.state();
+            let ck = st.checkpoints.get(checkpoint_id).cloned().ok_or_else(|| {
+                Error::not_found(format!(
+                    "checkpoint {checkpoint_id:?} not found on node {:?}",
+                    self.name()
+                ))
+            })?;
+            self.reserve(&mut st, 1)?;
+            ck
+        };
+        let seed = self.inner.paths.checkpoints.join(&ck.id);
+        let booted = self.boot(&ck.key, &seed).await;
+        self.adopt(booted, &ck.key, &spec, Origin::Checkpoint(ck.id))
+    }
+
+    /// Turns a booted instance (reserved with `reserve`) into a claim.
+    fn adopt(
+        &self,
+        booted: Result<Instance<R::Handle>>,
+        key: &PoolKey,
+        spec: &ClaimSpec,
+        origin: Origin,
+    ) -> Result<SandboxRecord> {
+        let mut st = self.state();
+        st.booting_for_claims -= 1;
+        let inst = booted?;
+        if st.closing {
+            drop(st);
+            self.destroy_later(inst, "node closing");
+            return Err(Error::unavailable(format!(
+                "node {:?} is shutting down",
+                self.name()
+            )));
+        }
+        let record = self.stamp(&inst, key, spec, origin);
+        let record = self.insert_claim(&mut st, record, inst);
+        drop(st);
+        self.changed();
+        Ok(record)
+    }
+
+    /// The claim's verb lock and a copy of its instance.
+    fn claim_handle(&self, id: &str) -> Result<(VerbLock, Instance<R::Handle>)> {
+        let st = self.state();
+        match st.claims.get(id) {
+            Some(c) => Ok((c.op.clone(), c.instance.clone())),
+            None => Err(self.not_found(&st, id)),
+        }
+    }
+
+    fn record_of(&self, id: &str) -> Result<SandboxRecord> {
+        self.get(id)
+    }
+
+    /// Destroys a claimed sandbox: its processes and its state directory.
+    pub async fn release(&self, id: &str) -> Result<()> {
+        self.release_when(id, "released", |_| true)
+            .await
+            .map(|_| ())
+    }
+
+    /// Releases the sandbox if `still` holds for its record once its verb lock is held;
+    /// answers whether it was released.
+    pub(super) async fn release_when(
+        &self,
+        id: &str,
+        why: &'static str,
+        still: impl Fn(&SandboxRecord) -> bool,
+    ) -> Result<bool> {
+        let (op, _) = self.claim_handle(id)?;
+        let _guard = op.lock_owned().await;
+        let claim = {
+            let mut st = self.state();
+            match st.claims.get(id) {
+                None => return Err(self.not_found(&st, id)),
+                Some(c) if !still(&c.record) => return Ok(false),
+                Some(_) => {}
+            }
+            let Some(c) = st.claims.remove(id) else {
+                return Err(self.not_found(&st, id));
+            };
+            st.emit(
+                &self.inner.events,
+                InventoryChange::Deleted(c.record.clone().without_token()),
+            );
+            c
+        };
+        tracing::info!(id, claim_ref = %claim.record.claim_ref, why, "sandbox released");
+        self.changed();
+        self.destroy_later(claim.instance, why);
+        Ok(true)
+    }
+
+    /// Sets the deadline to `ttl_seconds` from now (0 = default, clamped to the maximum).
+    /// A shorter deadline is applied only with `allow_shorter`; otherwise the current one stays.
+    pub fn renew(
+        &self,
+        id: &str,
+        ttl_seconds: u64,
+        allow_shorter: bool,
+    ) -> Result<(DateTime<Utc>, bool)> {
+        let wanted = Utc::now() + self.inner.cfg.lease.grant(ttl_seconds);
+        let mut st = self.state();
+        let Some(c) = st.claims.get_mut(id) else {
+            return Err(self.not_found(&st, id));
+        };
+        if wanted < c.record.deadline && !allow_shorter {
+            return Ok((c.record.deadline, false));
+        }
+        c.record.deadline = wanted;
+        let record = c.record.clone().without_token();
+        st.emit(&self.inner.events, InventoryChange::Modified(record));
+        drop(st);
+        self.changed();
+        Ok((wanted, true))
+    }
+
+    /// Freezes (`pause = true`) or thaws the sandbox. Repeating either is not an error: the
+    /// answer says whether the state changed.
+    pub async fn set_paused(&self, id: &str, pause: bool) -> Result<(SandboxRecord, bool)> {
+        let (op, inst) = self.claim_handle(id)?;
+        let _guard = op.lock_owned().await;
+        let current = self.record_of(id)?;
+        if (current.phase == Phase::Paused) == pause {
+            return Ok((current, false));
+        }
+        if pause {
+            self.inner.runtime.pause(&inst).await?;
+        } else {
+            self.inner.runtime.resume(&inst).await?;
+        }
+        let mut st = self.state();
+        let Some(c) = st.claims.get_mut(id) else {
+            return Err(self.not_found(&st, id));
+        };
+        c.record.phase = if pause { Phase::Paused } else { Phase::Running };
+        let record = c.record.clone();
+        st.emit(
+            &self.inner.events,
+            InventoryChange::Modified(record.clone().without_token()),
+        );
+        drop(st);
+        self.changed();
+        Ok((record, true))
+    }
+
+    /// Branches `count` children from the sandbox's current state, all or nothing. Children
+    /// get their own leases from `ttl_seconds` and claim refs `prefix + child id`, in request
+    /// order. The source keeps its state (a paused source stays paused).
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: u32,
+        ttl_seconds: u64,
+        prefix: &str,
+    ) -> Result<Vec<SandboxRecord>> {
+        let limit = self.inner.cfg.fork_limit;
+        if count < 1 || count > limit {
+            return Err(Error::invalid(format!(
+                "fork count {count} not in 1..{limit}"
+            )));
+        }
+        let child_ref_len = prefix.len() + ids::new_claim_id().len();
+        if child_ref_len > model::sandbox::MAX_CLAIM_REF {
+            return Err(Error::invalid(format!(
+                "claim ref prefix is {} characters; with a child id it must fit in {}",
+                prefix.len(),
+                model::sandbox::MAX_CLAIM_REF
+            )));
+        }
+        let (op, inst) = self.claim_handle(id)?;
+        let _guard = op.lock_owned().await;
+        let parent = self.record_of(id)?;
+        self.reserve(&mut self.state(), count)?;
+        let scratch = self.inner.paths.scratch.join(ids::new_instance_id());
+        let captured = self
+            .inner
+            .runtime
+            .capture(&inst, parent.phase == Phase::Paused, &scratch)
+            .await;
+        let booted: Vec<Result<Instance<R::Handle>>> = match captured {
+            Ok(_) => {
+                let boots = (0..count).map(|_| self.boot(&parent.key, &scratch));
+                futures::future::join_all(boots).await
+            }
+            Err(e) => (0..count).map(|_| Err(e.clone())).collect(),
+        };
+        let _ = tokio::fs::remove_dir_all(&scratch).await;
+
+        let mut st = self.state();
+        st.booting_for_claims -= count;
+        let failure = booted.iter().find_map(|b| b.as_ref().err().cloned());
+        let failure = failure.or_else(|| {
+            st.closing
+                .then(|| Error::unavailable(format!("node {:?} is shutting down", self.name())))
+        });
+        if let Some(err) = failure {
+            drop(st);
+            for inst in booted.into_iter().flatten() {
+                self.destroy_later(inst, "fork failed");
+            }
+            return Err(err.context(format!("fork of {id}")));
+        }
+        let spec = ClaimSpec {
+            ttl_seconds,
+            claim_ref: String::new(),
+            metadata: parent.metadata.clone(),
+            env_vars: parent.env_vars.clone(),
+        };
+        let mut children = Vec::with_capacity(count as usize);
+        for inst in booted.into_iter().flatten() {
+            let origin = Origin::Fork {
+                parent: parent.id.clone(),
+                prefix: prefix.to_string(),
+            };
+            let record = self.stamp(&inst, &parent.key, &spec, origin);
+            children.push(self.insert_claim(&mut st, record, inst));
+        }
+        drop(st);
+        self.changed();
+        Ok(children)
+    }
+
+    /// Copies the sandbox's state into a checkpoint (cost grows with the state's size).
+    pub async fn create_checkpoint(&self, id: &str, name: &str) -> Result<CheckpointRecord> {
+        if !name.is_empty() {
+            model::validate_checkpoint_name(name)?;
+        }
+        let (op, inst) = self.claim_handle(id)?;
+        let _guard = op.lock_owned().await;
+        let source = self.record_of(id)?;
+        if self.state().closing {
+            return Err(Error::unavailable(format!(
+                "node {:?} is shutting down",
+                self.name()
+            )));
+        }
+        let ck_id = ids::new_checkpoint_id();
+        let dest = self.inner.paths.checkpoints.join(&ck_id);
+        let size = self
+            .inner
+            .runtime
+            .capture(&inst, source.phase == Phase::Paused, &dest)
+            .await?;
+        let record = CheckpointRecord {
+            id: ck_id,
+            name: name.to_string(),
+            sandbox_id: source.id,
+            key: source.key,
+            created_at: Utc::now(),
+            size_bytes: size,
+            node: self.name().to_string(),
+        };
+        self.state()
+            .checkpoints
+            .insert(record.id.clone(), record.clone());
+        self.changed();
+        Ok(record)
+    }
+
+    /// Checkpoints, newest first.
+    pub fn list_checkpoints(&self, filter: &CheckpointFilter) -> Vec<CheckpointRecord> {
+        let st = self.state();
+        let (name_prefix, sandbox_id, id) = (&filter.name_prefix, &filter.sandbox_id, &filter.id);
+        let mut out: Vec<CheckpointRecord> = st
+            .checkpoints
+            .values()
+            .filter(|c| id.is_empty() || &c.id == id)
+            .filter(|c| c.name.starts_with(name_prefix.as_str()))
+            .filter(|c| sandbox_id.is_empty() || &c.sandbox_id == sandbox_id)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| b.id.cmp(&a.id))
+        });
+        out
+    }
+
+    pub async fn delete_checkpoint(&self, id: &str) -> Result<()> {
+        let removed = self.state().checkpoints.remove(id);
+        if removed.is_none() {
+            return Err(Error::not_found(format!(
+                "checkpoint {id:?} not found on node {:?}",
+                self.name()
+            )));
+        }
+        self.changed();
+        let dir = self.inner.paths.checkpoints.join(id);
+        tokio::fs::remove_dir_all(&dir)
+            .await
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(|e| Error::io(format!("removing {}", dir.display()), e))
+    }
+
+    /// Measured use of one sandbox: CPU since the previous call (or since the claim),
+    /// resident memory of its processes, and the disk its state occupies.
+    pub async fn stats(&self, id: &str) -> Result<SandboxStats> {
+        let (_, inst) = self.claim_handle(id)?;
+        let usage = self.inner.runtime.usage(&inst).await?;
+        let dir = inst.dir.clone();
+        let root = self.inner.paths.root.clone();
+        let (disk_used, disk_total) = tokio::task::spawn_blocking(move || {
+            (
+                fsx::tree_disk_usage(&dir).unwrap_or(0),
+                fsx::filesystem_capacity(&root).unwrap_or(0),
+            )
+        })
+        .await
+        .map_err(|e| Error::internal(format!("measuring disk use failed: {e}")))?;
+        let now = Instant::now();
+        let mut st = self.state();
+        let Some(c) = st.claims.get_mut(id) else {
+            return Err(self.not_found(&st, id));
+        };
+        let (since, cpu_before) = c.last_cpu.unwrap_or_else(|| {
+            let age = (Utc::now() - c.record.claimed_at)
+                .to_std()
+                .unwrap_or_default();
+            (now.checked_sub(age).unwrap_or(now), 0)
+        });
+        c.last_cpu = Some((now, usage.cpu_ns));
+        let elapsed = now.duration_since(since).as_nanos().max(1) as f64;
+        let used = usage.cpu_ns.saturating_sub(cpu_before) as f64;
+        Ok(SandboxStats {
+            id: id.to_string(),
+            cpu_count: c.record.cpu_count,
+            cpu_used_pct: (used / elapsed * 100.0).min(100.0 * c.record.cpu_count as f64),
+            mem_used_bytes: usage.mem_bytes,
+            mem_total_bytes: c.record.memory_bytes,
+            mem_used_measured: usage.processes > 0,
+            disk_used_bytes: disk_used,
+            disk_total_bytes: disk_total,
+            measured_at: Utc::now(),
+            phase: c.record.phase,
+            process_count: usage.processes,
+        })
+    }
+}

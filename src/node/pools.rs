@@ -1,0 +1,104 @@
+//! Keeps every warm pool at its target in the background, booting a few instances at a time.
+
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use super::Node;
+use super::runtime::{Instance, Runtime};
+use crate::model::{PoolKey, Result};
+
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+impl<R: Runtime> Node<R> {
+    /// Picks the pools to top up now, reserving a slot for each boot.
+    fn plan_refill(&self, in_flight: usize) -> Vec<(PoolKey, std::path::PathBuf)> {
+        let mut plan = Vec::new();
+        let concurrency = self.inner.cfg.refill_concurrency.max(1);
+        let max = self.inner.cfg.max_sandboxes;
+        let now = Instant::now();
+        let mut st = self.state();
+        if st.closing {
+            return plan;
+        }
+        let keys: Vec<PoolKey> = st.pools.keys().cloned().collect();
+        for key in keys {
+            let Ok(seed) = self.template_dir(&key.template) else {
+                continue;
+            };
+            loop {
+                if in_flight + plan.len() >= concurrency || st.instances() >= max {
+                    return plan;
+                }
+                let Some(pool) = st.pools.get_mut(&key) else {
+                    break;
+                };
+                let have = pool.warm.len() as u32 + pool.booting;
+                if have >= pool.target || pool.retry_at.is_some_and(|t| t > now) {
+                    break;
+                }
+                pool.booting += 1;
+                plan.push((key.clone(), seed.clone()));
+            }
+        }
+        plan
+    }
+
+    /// Puts a finished boot into its pool, or destroys it when it is no longer wanted.
+    fn refilled(&self, key: PoolKey, booted: Result<Instance<R::Handle>>) {
+        let mut st = self.state();
+        let closing = st.closing;
+        let Some(pool) = st.pools.get_mut(&key) else {
+            return;
+        };
+        pool.booting -= 1;
+        match booted {
+            Ok(inst) if !closing && (pool.warm.len() as u32) < pool.target => {
+                pool.failures = 0;
+                pool.retry_at = None;
+                pool.warm.push_back(inst);
+            }
+            Ok(inst) => {
+                drop(st);
+                self.destroy_later(inst, "pool over target");
+            }
+            Err(e) => {
+                pool.failures += 1;
+                let backoff = Duration::from_millis(100 << pool.failures.min(7)).min(MAX_BACKOFF);
+                pool.retry_at = Some(Instant::now() + backoff);
+                tracing::error!(pool = %key, error = %e, ?backoff, "warm boot failed");
+            }
+        }
+    }
+
+    pub(super) async fn refill_loop(self) {
+        let mut boots: JoinSet<(PoolKey, Result<Instance<R::Handle>>)> = JoinSet::new();
+        loop {
+            for (key, seed) in self.plan_refill(boots.len()) {
+                let node = self.clone();
+                boots.spawn(async move {
+                    let booted = node.boot(&key, &seed).await;
+                    (key, booted)
+                });
+            }
+            tokio::select! {
+                Some(done) = boots.join_next(), if !boots.is_empty() => {
+                    if let Ok((key, booted)) = done {
+                        self.refilled(key, booted);
+                    }
+                }
+                _ = self.inner.wake_refill.notified() => {}
+                _ = tokio::time::sleep(IDLE_CHECK) => {}
+                _ = self.inner.shutdown.cancelled() => break,
+            }
+        }
+        // Let boots in flight finish so that no instance is left half-started; `refilled`
+        // destroys them because the node is closing.
+        while let Some(done) = boots.join_next().await {
+            if let Ok((key, booted)) = done {
+                self.refilled(key, booted);
+            }
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! The node's gRPC service: decodes requests, runs the verb, encodes the answer.
+//! Verbs with several steps run as detached tasks, so a caller that goes away mid-call
+//! cannot leave a half-done claim or a leaked instance behind.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::runtime::Runtime;
+use super::{ClaimSpec, Node};
+use crate::model::{self, Error, InventoryChange, InventoryEvent};
+use crate::proto::{self, node_server};
+
+pub struct NodeService<R: Runtime> {
+    node: Node<R>,
+}
+
+impl<R: Runtime> NodeService<R> {
+    pub fn new(node: Node<R>) -> Self {
+        NodeService { node }
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+async fn detached<T: Send + 'static>(
+    fut: impl Future<Output = model::Result<T>> + Send + 'static,
+) -> Result<T, Status> {
+    match tokio::spawn(fut).await {
+        Ok(r) => r.map_err(Status::from),
+        Err(e) => Err(Status::internal(format!("node task failed: {e}"))),
+    }
+}
+
+fn key_of(key: Option<proto::PoolKey>) -> model::Result<model::PoolKey> {
+    key.ok_or_else(|| Error::invalid("claim needs a pool key"))?
+        .to_model()
+}
+
+fn required_id(id: &str, what: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(Error::invalid(format!("{what} id is empty")).into());
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl<R: Runtime> node_server::Node for NodeService<R> {
+    async fn claim(&self, req: Request<proto::ClaimRequest>) -> Reply<proto::ClaimReply> {
+        let r = req.into_inner();
+        let key = key_of(r.key)?;
+        let spec = ClaimSpec {
+            ttl_seconds: r.ttl_seconds,
+            claim_ref: r.claim_ref,
+            metadata: r.metadata.into_iter().collect(),
+            env_vars: r.env_vars.into_iter().collect(),
+        };
+        let node = self.node.clone();
+        let (record, warm) = detached(async move { node.claim(&key, spec).await }).await?;
+        Ok(Response::new(proto::ClaimReply {
+            sandbox: Some((&record).into()),
+            warm,
+        }))
+    }
+
+    async fn claim_checkpoint(
+        &self,
+        req: Request<proto::ClaimCheckpointRequest>,
+    ) -> Reply<proto::ClaimReply> {
+        let r = req.into_inner();
+        required_id(&r.checkpoint_id, "checkpoint")?;
+        let spec = ClaimSpec {
+            ttl_seconds: r.ttl_seconds,
+            claim_ref: r.claim_ref,
+            metadata: r.metadata.into_iter().collect(),
+            env_vars: r.env_vars.into_iter().collect(),
+        };
+        let node = self.node.clone();
+        let record =
+            detached(async move { node.claim_checkpoint(&r.checkpoint_id, spec).await }).await?;
+        Ok(Response::new(proto::ClaimReply {
+            sandbox: Some((&record).into()),
+            warm: false,
+        }))
+    }
+
+    async fn release(&self, req: Request<proto::SandboxRef>) -> Reply<proto::ReleaseReply> {
+        let id = req.into_inner().id;
+        let node = self.node.clone();
+        detached(async move { node.release(&id).await }).await?;
+        Ok(Response::new(proto::ReleaseReply {}))
+    }
+
+    async fn get(&self, req: Request<proto::SandboxRef>) -> Reply<proto::Sandbox> {
+        let record = self.node.get(&req.into_inner().id)?;
+        Ok(Response::new((&record).into()))
+    }
+
+    async fn list(&self, req: Request<proto::ListRequest>) -> Reply<proto::ListReply> {
+        let r = req.into_inner();
+        let filter = (!r.claim_ref.is_empty()).then_some(r.claim_ref.as_str());
+        let (records, revision) = self.node.list(filter);
+        Ok(Response::new(proto::ListReply {
+            sandboxes: records.iter().map(Into::into).collect(),
+            revision,
+        }))
+    }
+
+    async fn renew(&self, req: Request<proto::RenewRequest>) -> Reply<proto::RenewReply> {
+        let r = req.into_inner();
+        let (deadline, changed) = self.node.renew(&r.id, r.ttl_seconds, r.allow_shorter)?;
+        Ok(Response::new(proto::RenewReply {
+            deadline_ms: proto::to_ms(deadline),
+            changed,
+        }))
+    }
+
+    async fn pause(&self, req: Request<proto::SandboxRef>) -> Reply<proto::StateChange> {
+        self.set_paused(req.into_inner().id, true).await
+    }
+
+    async fn resume(&self, req: Request<proto::SandboxRef>) -> Reply<proto::StateChange> {
+        self.set_paused(req.into_inner().id, false).await
+    }
+
+    async fn fork(&self, req: Request<proto::ForkRequest>) -> Reply<proto::ForkReply> {
+        let r = req.into_inner();
+        let node = self.node.clone();
+        let children = detached(async move {
+            node.fork(&r.id, r.count, r.ttl_seconds, &r.claim_ref_prefix)
+                .await
+        })
+        .await?;
+        Ok(Response::new(proto::ForkReply {
+            children: children.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn create_checkpoint(
+        &self,
+        req: Request<proto::CreateCheckpointRequest>,
+    ) -> Reply<proto::Checkpoint> {
+        let r = req.into_inner();
+        let node = self.node.clone();
+        let ck = detached(async move { node.create_checkpoint(&r.id, &r.name).await }).await?;
+        Ok(Response::new((&ck).into()))
+    }
+
+    async fn list_checkpoints(
+        &self,
+        req: Request<proto::ListCheckpointsRequest>,
+    ) -> Reply<proto::ListCheckpointsReply> {
+        let r = req.into_inner();
+        let cks = self.node.list_checkpoints(&model::CheckpointFilter {
+            name_prefix: r.name_prefix,
+            sandbox_id: r.sandbox_id,
+            id: r.id,
+        });
+        Ok(Response::new(proto::ListCheckpointsReply {
+            checkpoints: cks.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn delete_checkpoint(
+        &self,
+        req: Request<proto::CheckpointRef>,
+    ) -> Reply<proto::DeleteCheckpointReply> {
+        let id = req.into_inner().id;
+        let node = self.node.clone();
+        detached(async move { node.delete_checkpoint(&id).await }).await?;
+        Ok(Response::new(proto::DeleteCheckpointReply {}))
+    }
+
+    async fn stats(&self, req: Request<proto::SandboxRef>) -> Reply<proto::SandboxStats> {
+        let stats = self.node.stats(&req.into_inner().id).await?;
+        Ok(Response::new((&stats).into()))
+    }
+
+    async fn info(&self, _req: Request<proto::InfoRequest>) -> Reply<proto::NodeInfo> {
+        Ok(Response::new((&self.node.info()).into()))
+    }
+
+    type WatchInventoryStream =
+        Pin<Box<dyn Stream<Item = Result<proto::InventoryEvent, Status>> + Send + 'static>>;
+
+    async fn watch_inventory(
+        &self,
+        _req: Request<proto::WatchInventoryRequest>,
+    ) -> Reply<Self::WatchInventoryStream> {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let node = self.node.clone();
+        let stop = node.shutdown_token();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stream_inventory(node, tx) => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl<R: Runtime> NodeService<R> {
+    async fn set_paused(&self, id: String, pause: bool) -> Reply<proto::StateChange> {
+        let node = self.node.clone();
+        let (record, changed) = detached(async move { node.set_paused(&id, pause).await }).await?;
+        Ok(Response::new(proto::StateChange {
+            changed,
+            sandbox: Some((&record).into()),
+        }))
+    }
+}
+
+type EventTx = tokio::sync::mpsc::Sender<Result<proto::InventoryEvent, Status>>;
+
+async fn send(tx: &EventTx, change: InventoryChange, revision: u64) -> bool {
+    let event = InventoryEvent { change, revision };
+    tx.send(Ok((&event).into())).await.is_ok()
+}
+
+/// A snapshot, then every change; a watcher that falls behind gets RESET and a new snapshot.
+async fn stream_inventory<R: Runtime>(node: Node<R>, tx: EventTx) {
+    let mut first = true;
+    loop {
+        let (snapshot, revision, mut rx) = node.watch();
+        if !first && !send(&tx, InventoryChange::Reset, revision).await {
+            return;
+        }
+        first = false;
+        for record in snapshot {
+            if !send(&tx, InventoryChange::Added(record), revision).await {
+                return;
+            }
+        }
+        if !send(&tx, InventoryChange::Synced, revision).await {
+            return;
+        }
+        loop {
+            match rx.recv().await {
+                Ok(ev) if ev.revision <= revision => {}
+                Ok(ev) => {
+                    if tx.send(Ok((&ev).into())).await.is_err() {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! Conversions between wire messages and domain records, and between gRPC status codes and
+//! the shared error type (one code per kind, both ways).
+
+use chrono::{DateTime, Utc};
+use tonic::{Code, Status};
+
+use crate::model::{self, Error, ErrorKind};
+
+pub fn to_ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+pub fn from_ms(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::AlreadyExists => Code::AlreadyExists,
+        ErrorKind::Invalid => Code::InvalidArgument,
+        ErrorKind::Conflict => Code::FailedPrecondition,
+        ErrorKind::NoCapacity => Code::ResourceExhausted,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::OutcomeUnknown => Code::DeadlineExceeded,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::Forbidden => Code::PermissionDenied,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
+
+fn kind_of(code: Code) -> ErrorKind {
+    match code {
+        Code::NotFound => ErrorKind::NotFound,
+        Code::AlreadyExists => ErrorKind::AlreadyExists,
+        Code::InvalidArgument | Code::OutOfRange => ErrorKind::Invalid,
+        Code::FailedPrecondition | Code::Aborted => ErrorKind::Conflict,
+        Code::ResourceExhausted => ErrorKind::NoCapacity,
+        Code::Unavailable => ErrorKind::Unavailable,
+        Code::DeadlineExceeded | Code::Cancelled => ErrorKind::OutcomeUnknown,
+        Code::Unauthenticated => ErrorKind::Unauthenticated,
+        Code::PermissionDenied => ErrorKind::Forbidden,
+        Code::Ok | Code::Unknown | Code::Internal | Code::Unimplemented | Code::DataLoss => {
+            ErrorKind::Internal
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        Status::new(code_of(e.kind), e.message)
+    }
+}
+
+/// The error a status a node sent stands for. Transport failures are classified by the caller,
+/// which knows whether the request could have reached the node.
+pub fn error_from_status(status: &Status) -> Error {
+    Error::new(kind_of(status.code()), status.message().to_string())
+}
+
+impl From<&model::PoolKey> for super::PoolKey {
+    fn from(k: &model::PoolKey) -> Self {
+        super::PoolKey {
+            template: k.template.clone(),
+            net: k.net.clone(),
+            size: k.size.clone(),
+        }
+    }
+}
+
+impl super::PoolKey {
+    /// Validates and normalizes a key received from a caller.
+    pub fn to_model(&self) -> model::Result<model::PoolKey> {
+        model::PoolKey::new(&self.template, &self.net, &self.size)
+    }
+
+    /// Takes a key a node reported as it is (the node validated it when it created it).
+    pub fn to_model_unchecked(&self) -> model::PoolKey {
+        model::PoolKey {
+            template: self.template.clone(),
+            net: self.net.clone(),
+            size: self.size.clone(),
+        }
+    }
+}
+
+fn phase_to_wire(p: model::Phase) -> super::Phase {
+    match p {
+        model::Phase::Running => super::Phase::Running,
+        model::Phase::Paused => super::Phase::Paused,
+    }
+}
+
+fn phase_from_wire(p: i32) -> model::Phase {
+    match super::Phase::try_from(p) {
+        Ok(super::Phase::Paused) => model::Phase::Paused,
+        _ => model::Phase::Running,
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+impl From<&model::SandboxRecord> for super::Sandbox {
+    fn from(r: &model::SandboxRecord) -> Self {
+        super::Sandbox {
+            id: r.id.clone(),
+            token: r.token.clone(),
+            key: Some((&r.key).into()),
+            claim_ref: r.claim_ref.clone(),
+            claimed_at_ms: to_ms(r.claimed_at),
+            deadline_ms: to_ms(r.deadline),
+            phase: phase_to_wire(r.phase) as i32,
+            address: r.address.clone(),
+            metadata: r
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            env_vars: r
+                .env_vars
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            from_checkpoint: r.from_checkpoint.clone().unwrap_or_default(),
+            forked_from: r.forked_from.clone().unwrap_or_default(),
+            node: r.node.clone(),
+            cpu_count: r.cpu_count,
+            memory_bytes: r.memory_bytes,
+            state_dir: r.state_dir.clone(),
+        }
+    }
+}
+
+impl From<super::Sandbox> for model::SandboxRecord {
+    fn from(s: super::Sandbox) -> Self {
+        model::SandboxRecord {
+            key: s
+                .key
+                .as_ref()
+                .map(|k| k.to_model_unchecked())
+                .unwrap_or_else(|| model::PoolKey {
+                    template: String::new(),
+                    net: String::new(),
+                    size: String::new(),
+                }),
+            claimed_at: from_ms(s.claimed_at_ms),
+            deadline: from_ms(s.deadline_ms),
+            phase: phase_from_wire(s.phase),
+            metadata: s.metadata.into_iter().collect(),
+            env_vars: s.env_vars.into_iter().collect(),
+            from_checkpoint: non_empty(&s.from_checkpoint),
+            forked_from: non_empty(&s.forked_from),
+            id: s.id,
+            token: s.token,
+            claim_ref: s.claim_ref,
+            address: s.address,
+            node: s.node,
+            cpu_count: s.cpu_count,
+            memory_bytes: s.memory_bytes,
+            state_dir: s.state_dir,
+        }
+    }
+}
+
+impl From<&model::CheckpointRecord> for super::Checkpoint {
+    fn from(c: &model::CheckpointRecord) -> Self {
+        super::Checkpoint {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            sandbox_id: c.sandbox_id.clone(),
+            key: Some((&c.key).into()),
+            created_at_ms: to_ms(c.created_at),
+            size_bytes: c.size_bytes,
+            node: c.node.clone(),
+        }
+    }
+}
+
+impl From<super::Checkpoint> for model::CheckpointRecord {
+    fn from(c: super::Checkpoint) -> Self {
+        model::CheckpointRecord {
+            key: c
+                .key
+                .as_ref()
+                .map(|k| k.to_model_unchecked())
+                .unwrap_or_else(model::PoolKey::base),
+            created_at: from_ms(c.created_at_ms),
+            id: c.id,
+            name: c.name,
+            sandbox_id: c.sandbox_id,
+            size_bytes: c.size_bytes,
+            node: c.node,
+        }
+    }
+}
+
+impl From<&model::SandboxStats> for super::SandboxStats {
+    fn from(s: &model::SandboxStats) -> Self {
+        super::SandboxStats {
+            id: s.id.clone(),
+            cpu_count: s.cpu_count,
+            cpu_used_pct: s.cpu_used_pct,
+            mem_used_bytes: s.mem_used_bytes,
+            mem_total_bytes: s.mem_total_bytes,
+            mem_used_measured: s.mem_used_measured,
+            disk_used_bytes: s.disk_used_bytes,
+            disk_total_bytes: s.disk_total_bytes,
+            measured_at_ms: to_ms(s.measured_at),
+            phase: phase_to_wire(s.phase) as i32,
+            process_count: s.process_count,
+        }
+    }
+}
+
+impl From<super::SandboxStats> for model::SandboxStats {
+    fn from(s: super::SandboxStats) -> Self {
+        model::SandboxStats {
+            cpu_count: s.cpu_count,
+            cpu_used_pct: s.cpu_used_pct,
+            mem_used_bytes: s.mem_used_bytes,
+            mem_total_bytes: s.mem_total_bytes,
+            mem_used_measured: s.mem_used_measured,
+            disk_used_bytes: s.disk_used_bytes,
+            disk_total_bytes: s.disk_total_bytes,
+            measured_at: from_ms(s.measured_at_ms),
+            phase: phase_from_wire(s.phase),
+            process_count: s.process_count,
+            id: s.id,
+        }
+    }
+}
+
+impl From<&model::NodeInfo> for super::NodeInfo {
+    fn from(i: &model::NodeInfo) -> Self {
+        super::NodeInfo {
+            name: i.name.clone(),
+            advertise_address: i.advertise_address.clone(),
+            pools: i
+                .pools
+                .iter()
+                .map(|p| super::PoolStatus {
+                    key: Some((&p.key).into()),
+                    warm: p.warm,
+                    target: p.target,
+                    booting: p.booting,
+                })
+                .collect(),
+            claimed: i.claimed,
+            paused: i.paused,
+            checkpoints: i.checkpoints,
+            limits: Some(super::Limits {
+                lease_default_seconds: i.limits.lease_default_seconds,
+                lease_max_seconds: i.limits.lease_max_seconds,
+                fork_limit: i.limits.fork_limit,
+                max_sandboxes: i.limits.max_sandboxes,
+                cold_start: i.limits.cold_start,
+            }),
+            templates: i.templates.clone(),
+            revision: i.revision,
+            lost: i
+                .lost
+                .iter()
+                .map(|l| super::LostClaim {
+                    id: l.id.clone(),
+                    claim_ref: l.claim_ref.clone(),
+                    reason: l.reason.clone(),
+                    lost_at_ms: to_ms(l.lost_at),
+                })
+                .collect(),
+            runtime: i.runtime.clone(),
+            version: i.version.clone(),
+            started_at_ms: to_ms(i.started_at),
+        }
+    }
+}
+
+impl From<super::NodeInfo> for model::NodeInfo {
+    fn from(i: super::NodeInfo) -> Self {
+        let limits = i.limits.unwrap_or_default();
+        model::NodeInfo {
+            pools: i
+                .pools
+                .into_iter()
+                .filter_map(|p| {
+                    Some(model::PoolStatus {
+                        key: p.key?.to_model_unchecked(),
+                        warm: p.warm,
+                        target: p.target,
+                        booting: p.booting,
+                    })
+                })
+                .collect(),
+            limits: model::NodeLimits {
+                lease_default_seconds: limits.lease_default_seconds,
+                lease_max_seconds: limits.lease_max_seconds,
+                fork_limit: limits.fork_limit,
+                max_sandboxes: limits.max_sandboxes,
+                cold_start: limits.cold_start,
+            },
+            lost: i
+                .lost
+                .into_iter()
+                .map(|l| model::LostClaim {
+                    lost_at: from_ms(l.lost_at_ms),
+                    id: l.id,
+                    claim_ref: l.claim_ref,
+                    reason: l.reason,
+                })
+                .collect(),
+            started_at: from_ms(i.started_at_ms),
+            name: i.name,
+            advertise_address: i.advertise_address,
+            claimed: i.claimed,
+            paused: i.paused,
+            checkpoints: i.checkpoints,
+            templates: i.templates,
+            revision: i.revision,
+            runtime: i.runtime,
+            version: i.version,
+        }
+    }
+}
+
+impl From<&model::InventoryEvent> for super::InventoryEvent {
+    fn from(e: &model::InventoryEvent) -> Self {
+        use super::EventType as T;
+        use model::InventoryChange as C;
+        let (ty, sandbox) = match &e.change {
+            C::Added(r) => (T::Added, Some(r)),
+            C::Modified(r) => (T::Modified, Some(r)),
+            C::Deleted(r) => (T::Deleted, Some(r)),
+            C::Synced => (T::Synced, None),
+            C::Reset => (T::Reset, None),
+        };
+        super::InventoryEvent {
+            r#type: ty as i32,
+            sandbox: sandbox.map(|r| r.into()),
+            revision: e.revision,
+        }
+    }
+}
+
+impl TryFrom<super::InventoryEvent> for model::InventoryEvent {
+    type Error = Error;
+    fn try_from(e: super::InventoryEvent) -> model::Result<Self> {
+        use super::EventType as T;
+        use model::InventoryChange as C;
+        let record = |s: Option<super::Sandbox>| {
+            s.map(model::SandboxRecord::from)
+                .ok_or_else(|| Error::internal("inventory event without a sandbox"))
+        };
+        let change = match T::try_from(e.r#type) {
+            Ok(T::Added) => C::Added(record(e.sandbox)?),
+            Ok(T::Modified) => C::Modified(record(e.sandbox)?),
+            Ok(T::Deleted) => C::Deleted(record(e.sandbox)?),
+            Ok(T::Synced) => C::Synced,
+            Ok(T::Reset) => C::Reset,
+            Ok(T::Unspecified) | Err(_) => {
+                return Err(Error::internal(format!(
+                    "unknown inventory event type {}",
+                    e.r#type
+                )));
+            }
+        };
+        Ok(model::InventoryEvent {
+            change,
+            revision: e.revision,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_survives_the_wire() {
+        for kind in [
+            ErrorKind::NotFound,
+            ErrorKind::AlreadyExists,
+            ErrorKind::Invalid,
+            ErrorKind::Conflict,
+            ErrorKind::NoCapacity,
+            ErrorKind::Unavailable,
+            ErrorKind::OutcomeUnknown,
+            ErrorKind::Unauthenticated,
+            ErrorKind::Forbidden,
+            ErrorKind::Internal,
+        ] {
+            let status: Status = Error::new(kind, "m").into();
+            let back = error_from_status(&status);
+            assert_eq!(back.kind, kind);
+            assert_eq!(back.message, "m");
+        }
+    }
+}

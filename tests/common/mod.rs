@@ -1,0 +1,284 @@
+//! Test harness: starts real `sandbox-gateway` processes (nodes, the gateway), talks to them
+//! over real sockets, and checks that nothing is left behind.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use sandbox_gateway::dispatch::{Dispatcher, DispatcherConfig};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-gateway");
+
+/// A port that was free a moment ago (for processes that must come back on the same address).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A child process whose stdout lines are collected in the background.
+pub struct Proc {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Proc {
+    pub fn spawn(args: &[String]) -> Proc {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sandbox-gateway");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stdout line containing `needle` and returns it.
+    pub fn wait_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.seen.iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!(
+                    "no line containing {needle:?} within {timeout:?}; saw {:?}; status {:?}",
+                    self.seen,
+                    self.child.try_wait()
+                ),
+            }
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not exit within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM and a clean exit.
+    pub fn terminate(&mut self) {
+        self.signal(libc::SIGTERM);
+        let status = self.wait_exit(Duration::from_secs(30));
+        assert!(status.success(), "exit after SIGTERM: {status:?}");
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.running() {
+            self.kill();
+        }
+    }
+}
+
+/// A node daemon process.
+pub struct NodeProc {
+    pub proc: Proc,
+    pub name: String,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl NodeProc {
+    /// Starts `sandbox-gateway node` on `listen` (use port 0 for any) with `extra` flags.
+    pub fn start(
+        name: &str,
+        data_dir: &Path,
+        token_file: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> NodeProc {
+        let mut args: Vec<String> = vec![
+            "node".into(),
+            "--listen".into(),
+            listen.into(),
+            "--name".into(),
+            name.into(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--token-file".into(),
+            token_file.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::from_args(name, data_dir, args)
+    }
+
+    fn from_args(name: &str, data_dir: &Path, args: Vec<String>) -> NodeProc {
+        let mut proc = Proc::spawn(&args);
+        let line = proc.wait_line("listening on", Duration::from_secs(30));
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .expect("address in the listening line")
+            .to_string();
+        NodeProc {
+            proc,
+            name: name.into(),
+            addr,
+            data_dir: data_dir.to_path_buf(),
+            args,
+        }
+    }
+
+    /// Starts the same node again (same flags and data directory).
+    pub fn restart(&mut self) {
+        let args = self.args.clone();
+        let fresh = Self::from_args(&self.name, &self.data_dir, args);
+        *self = fresh;
+    }
+
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.data_dir.join("sandboxes")
+    }
+}
+
+/// Processes whose command line mentions `dir` (agents started for sandboxes under it).
+pub fn processes_under(dir: &Path) -> Vec<i32> {
+    let needle = dir.display().to_string().into_bytes();
+    let me = std::process::id() as i32;
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| p != me)
+        .filter(|&p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'));
+            !zombie
+                && std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_slice()))
+        })
+        .collect()
+}
+
+pub fn dir_entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `check` until it returns true or `timeout` passes.
+pub async fn eventually(timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Asserts that nothing runs under `dir` and no instance directory is left in `sandboxes`.
+pub async fn assert_no_leaks(dir: &Path, sandboxes_dirs: &[PathBuf]) {
+    eventually(
+        Duration::from_secs(10),
+        "no processes left under the test directory",
+        || processes_under(dir).is_empty(),
+    )
+    .await;
+    for d in sandboxes_dirs {
+        let left = dir_entries(d);
+        assert!(
+            left.is_empty(),
+            "instance directories left in {}: {left:?}",
+            d.display()
+        );
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns the status code, or None when no answer came in `timeout`.
+pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Option<u16> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A dispatcher that polls quickly, so tests do not wait on the default cadence.
+pub fn dispatcher(token: &str, nodes: &[&NodeProc]) -> Dispatcher {
+    let cfg = DispatcherConfig {
+        info_interval: Duration::from_millis(100),
+        ..DispatcherConfig::default()
+    };
+    let d = Dispatcher::new(cfg, token);
+    for n in nodes {
+        d.add_node(&n.addr).expect("add node");
+    }
+    d
+}
+
+pub const TOKEN: &str = "test-fleet-token-0123456789";
+
+/// A temporary directory with a fleet token file.
+pub fn workspace() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::Builder::new()
+        .prefix("sgw-test-")
+        .tempdir()
+        .expect("tempdir");
+    let token_file = tmp.path().join("fleet-token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    (tmp, token_file)
+}
