@@ -76,6 +76,17 @@ async fn claims_spread_over_three_nodes_and_resolve_anywhere() {
     let d = dispatcher(TOKEN, &nodes.iter().collect::<Vec<_>>());
     d.wait_for_nodes(3, Duration::from_secs(30)).await.unwrap();
     wait_warm(&d, 24, 3).await;
+    // Every instance that exists now is warm and unclaimed.
+    let warm_before: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| {
+            dir_entries(&n.sandboxes_dir())
+                .into_iter()
+                .map(|e| n.sandboxes_dir().join(e).display().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(warm_before.len(), 72);
 
     let mut per_node: HashMap<String, usize> = HashMap::new();
     let mut claimed = Vec::new();
@@ -85,6 +96,10 @@ async fn claims_spread_over_three_nodes_and_resolve_anywhere() {
             .await
             .unwrap();
         assert!(c.warm, "claim {i} should come from a warm pool");
+        assert!(
+            warm_before.contains(&c.record.state_dir),
+            "a warm claim hands over an instance that was already running, not a new boot"
+        );
         assert!(ids::is_claim_id(&c.record.id), "{}", c.record.id);
         assert_eq!(c.record.token.len(), 32);
         assert_eq!(c.record.claim_ref, format!("team-a/box-{i}"));
@@ -250,9 +265,14 @@ async fn refusing_and_dead_nodes_are_skipped() {
     let e = d.claim(claim_req("ns", "late", 60)).await.unwrap_err();
     assert_eq!(e.kind, ErrorKind::NoCapacity, "{e}");
     // The killed node left instance directories behind; its next start removes them.
-    assert!(!dir_entries(&doomed_dir).is_empty());
+    let left = dir_entries(&doomed_dir);
+    assert!(!left.is_empty());
     nodes[2].restart();
-    assert!(dir_entries(&doomed_dir).is_empty());
+    let now = dir_entries(&doomed_dir);
+    assert!(
+        left.iter().all(|e| !now.contains(e)),
+        "{left:?} still in {now:?}"
+    );
     stop_all(&tmp, d, &mut nodes).await;
 }
 
@@ -303,7 +323,7 @@ async fn leases_are_clamped_renewed_and_reaped() {
         "a shorter lease is not applied without allow_shorter"
     );
     assert_eq!(d2, d1);
-    let (d3, changed) = d.renew(None, &huge.id, 1, true).await.unwrap();
+    let (d3, changed) = d.renew(None, &huge.id, 2, true).await.unwrap();
     assert!(changed && d3 < d1, "allow_shorter shortens");
     let e = d
         .renew(None, "sb_0123456789abcdef", 10, false)
@@ -665,5 +685,104 @@ async fn the_fleet_token_is_required() {
     );
     let e = d.claim(claim_req("ns", "x", 10)).await.unwrap_err();
     assert_eq!(e.kind, ErrorKind::Unavailable);
+    stop_all(&tmp, d, &mut [node]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_with_an_unknown_outcome_is_not_sent_again() {
+    let (tmp, token) = workspace();
+    let slow = NodeProc::start(
+        "slow",
+        &tmp.path().join("slow"),
+        &token,
+        "127.0.0.1:0",
+        &["--pool", "base=6"],
+    );
+    let spare = NodeProc::start(
+        "spare",
+        &tmp.path().join("spare"),
+        &token,
+        "127.0.0.1:0",
+        &["--pool", "base=1"],
+    );
+    let cfg = sandbox_gateway::dispatch::DispatcherConfig {
+        info_interval: Duration::from_millis(100),
+        claim_timeout: Duration::from_millis(700),
+        ..Default::default()
+    };
+    let d = Dispatcher::new(cfg, TOKEN);
+    d.add_node(&slow.addr).unwrap();
+    d.add_node(&spare.addr).unwrap();
+    d.wait_for_nodes(2, Duration::from_secs(30)).await.unwrap();
+    wait_warm(&d, 1, 2).await;
+    eventually(Duration::from_secs(30), "slow node's pool is full", || {
+        d.nodes().iter().any(|n| {
+            n.info
+                .as_ref()
+                .is_some_and(|i| i.name == "slow" && i.warm(&PoolKey::base()) == 6)
+        })
+    })
+    .await;
+
+    // The node with more warm capacity wins both power-of-two samples; freeze it so that the
+    // claim reaches its socket but gets no answer.
+    slow.proc.signal(libc::SIGSTOP);
+    let e = d.claim(claim_req("ns", "maybe", 60)).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::OutcomeUnknown, "{e}");
+    let spare_conn = NodeConn::new(&spare.addr, TOKEN).unwrap();
+    assert_eq!(
+        spare_conn
+            .info(Duration::from_secs(5))
+            .await
+            .unwrap()
+            .claimed,
+        0,
+        "the claim was not re-sent elsewhere"
+    );
+
+    // Once the node runs again the claim it received takes effect: re-sending would have
+    // claimed twice.
+    slow.proc.signal(libc::SIGCONT);
+    let slow_conn = NodeConn::new(&slow.addr, TOKEN).unwrap();
+    let mut claimed = 0;
+    for _ in 0..100 {
+        claimed = slow_conn
+            .info(Duration::from_secs(5))
+            .await
+            .unwrap()
+            .claimed;
+        if claimed == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(claimed, 1);
+    stop_all(&tmp, d, &mut [slow, spare]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_that_does_not_fit_creates_nothing() {
+    let (tmp, token) = workspace();
+    let node = NodeProc::start(
+        "small",
+        &tmp.path().join("small"),
+        &token,
+        "127.0.0.1:0",
+        &["--pool", "base=0", "--max-sandboxes", "3"],
+    );
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    let parent = d.claim(claim_req("ns", "p", 60)).await.unwrap().record;
+    let e = d.fork(None, &parent.id, 3, 60).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoCapacity, "{e}");
+    let conn = NodeConn::new(&node.addr, TOKEN).unwrap();
+    assert_eq!(
+        conn.info(Duration::from_secs(5)).await.unwrap().claimed,
+        1,
+        "no child was left behind"
+    );
+    assert_eq!(dir_entries(&node.sandboxes_dir()).len(), 1);
+    let kids = d.fork(None, &parent.id, 2, 60).await.unwrap();
+    assert_eq!(kids.len(), 2);
     stop_all(&tmp, d, &mut [node]).await;
 }

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::config::BOOT_TIMEOUT;
@@ -61,13 +62,17 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         RequireFleetToken::new(&cfg.token),
     );
     let shutdown = node.shutdown_token();
+    // Replies are small and latency-bound: never let Nagle hold one back.
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        conn.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                shutdown.cancelled().await
-            }),
+            .serve_with_incoming_shutdown(incoming, async move { shutdown.cancelled().await }),
     );
     Ok(RunningNode {
         address,

@@ -34,6 +34,8 @@ use crate::model::{
 /// How many lost claims a node remembers and reports.
 const LOST_MEMORY: usize = 1000;
 const EVENT_BUFFER: usize = 4096;
+/// How long claim changes gather before the index is rewritten.
+const PERSIST_BATCH: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Serializes the verbs that act on one instance (pause, resume, capture, release).
 pub(crate) type VerbLock = Arc<tokio::sync::Mutex<()>>;
@@ -111,6 +113,8 @@ pub(crate) struct Inner<R: Runtime> {
     wake_refill: Notify,
     wake_persist: Notify,
     wake_reaper: Notify,
+    /// One index write at a time, each from a fresh snapshot.
+    persist_lock: tokio::sync::Mutex<()>,
     /// Background work (destroys, boots, the node's loops) that shutdown waits for.
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -262,6 +266,7 @@ impl<R: Runtime> Node<R> {
             wake_refill: Notify::new(),
             wake_persist: Notify::new(),
             wake_reaper: Notify::new(),
+            persist_lock: tokio::sync::Mutex::new(()),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             started_at: Utc::now(),
@@ -524,7 +529,10 @@ impl<R: Runtime> Node<R> {
         (snapshot, st.revision, rx)
     }
 
-    async fn persist_now(&self) -> Result<()> {
+    /// Writes the index now. Claims rely on the background writer; checkpoints, which must
+    /// survive a crash right after they were reported, call this before answering.
+    pub(crate) async fn persist_now(&self) -> Result<()> {
+        let _one_writer = self.inner.persist_lock.lock().await;
         let index = {
             let st = self.state();
             IndexFile {
@@ -552,6 +560,12 @@ impl<R: Runtime> Node<R> {
         loop {
             tokio::select! {
                 _ = self.inner.wake_persist.notified() => {}
+                _ = self.inner.shutdown.cancelled() => return,
+            }
+            // Claims do not outlive their node's process, so their records are written in
+            // batches: one write for every burst of changes, off the claim path.
+            tokio::select! {
+                _ = tokio::time::sleep(PERSIST_BATCH) => {}
                 _ = self.inner.shutdown.cancelled() => return,
             }
             if let Err(e) = self.persist_now().await {

@@ -315,7 +315,11 @@ impl<R: Runtime> Node<R> {
         self.state()
             .checkpoints
             .insert(record.id.clone(), record.clone());
-        self.changed();
+        if let Err(e) = self.persist_now().await {
+            self.state().checkpoints.remove(&record.id);
+            let _ = tokio::fs::remove_dir_all(&dest).await;
+            return Err(e.context("recording the checkpoint"));
+        }
         Ok(record)
     }
 
@@ -347,7 +351,7 @@ impl<R: Runtime> Node<R> {
                 self.name()
             )));
         }
-        self.changed();
+        self.persist_now().await?;
         let dir = self.inner.paths.checkpoints.join(id);
         tokio::fs::remove_dir_all(&dir)
             .await

@@ -10,6 +10,7 @@ use crate::model::{PoolKey, Result};
 
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+const REFILL_SETTLE: Duration = Duration::from_millis(20);
 
 impl<R: Runtime> Node<R> {
     /// Picks the pools to top up now, reserving a slot for each boot.
@@ -88,7 +89,10 @@ impl<R: Runtime> Node<R> {
                         self.refilled(key, booted);
                     }
                 }
-                _ = self.inner.wake_refill.notified() => {}
+                _ = self.inner.wake_refill.notified() => {
+                    // Let a burst of claims finish before boots compete with it for CPU.
+                    tokio::time::sleep(REFILL_SETTLE).await;
+                }
                 _ = tokio::time::sleep(IDLE_CHECK) => {}
                 _ = self.inner.shutdown.cancelled() => break,
             }
