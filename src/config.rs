@@ -84,6 +84,7 @@ pub struct NodeArgs {
     /// Address the node tells others to reach it at [default: the bound address].
     #[arg(long)]
     pub advertise_address: Option<String>,
+    /// Where the node keeps its index, sandboxes, checkpoints and templates.
     #[arg(long, env = "SANDBOX_GATEWAY_NODE_DATA_DIR", default_value_os_t = default_data_dir().join("node"))]
     pub data_dir: PathBuf,
     /// Directory of templates [default: DATA_DIR/templates].

@@ -786,3 +786,58 @@ async fn a_fork_that_does_not_fit_creates_nothing() {
     assert_eq!(kids.len(), 2);
     stop_all(&tmp, d, &mut [node]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_that_die_are_noticed() {
+    let (tmp, token) = workspace();
+    let node = NodeProc::start(
+        "fragile",
+        &tmp.path().join("fragile"),
+        &token,
+        "127.0.0.1:0",
+        &["--pool", "base=2", "--no-cold-start"],
+    );
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    wait_warm(&d, 2, 1).await;
+
+    // Kill one warm agent from outside: the next claims still get running sandboxes.
+    let warm = dir_entries(&node.sandboxes_dir());
+    let victim = node.sandboxes_dir().join(&warm[0]);
+    for pid in processes_under(&victim) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let a = d.claim(claim_req("ns", "a", 600)).await.unwrap().record;
+    assert_ne!(
+        a.state_dir,
+        victim.display().to_string(),
+        "a dead warm instance is never handed out"
+    );
+    assert_eq!(
+        http_get(&a.address, "/health", Duration::from_secs(5)),
+        Some(204)
+    );
+
+    // Kill a claimed sandbox's agent: the node releases the claim and says why.
+    for pid in processes_under(std::path::Path::new(&a.state_dir)) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let mut reason = String::new();
+    for _ in 0..200 {
+        match d.get(None, &a.id).await {
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                reason = e.message;
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert!(reason.contains("exited on its own"), "{reason:?}");
+    eventually(
+        Duration::from_secs(10),
+        "dead sandbox's directory removed",
+        || !std::path::Path::new(&a.state_dir).exists(),
+    )
+    .await;
+    stop_all(&tmp, d, &mut [node]).await;
+}

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, TimeDelta, Utc};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeasePolicy {
     pub default: Duration,
@@ -28,9 +30,31 @@ impl LeasePolicy {
     }
 }
 
+impl LeasePolicy {
+    /// The deadline of a lease granted at `now` for `ttl_seconds`. A lease too long to
+    /// represent ends at the latest representable time instead of failing.
+    pub fn deadline(&self, now: DateTime<Utc>, ttl_seconds: u64) -> DateTime<Utc> {
+        TimeDelta::from_std(self.grant(ttl_seconds))
+            .ok()
+            .and_then(|d| now.checked_add_signed(d))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absurd_maximums_do_not_overflow() {
+        let p = LeasePolicy {
+            default: Duration::from_secs(1),
+            max: Duration::from_secs(u64::MAX),
+        };
+        assert_eq!(p.deadline(Utc::now(), u64::MAX), DateTime::<Utc>::MAX_UTC);
+        let now = Utc::now();
+        assert_eq!(p.deadline(now, 10), now + TimeDelta::seconds(10));
+    }
 
     #[test]
     fn zero_is_default_and_large_is_clamped() {

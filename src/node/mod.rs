@@ -347,7 +347,7 @@ impl<R: Runtime> Node<R> {
         origin: Origin,
     ) -> SandboxRecord {
         let now = Utc::now();
-        let lease = self.inner.cfg.lease.grant(spec.ttl_seconds);
+
         let tier = key.tier();
         let id = ids::new_claim_id();
         let claim_ref = match &origin {
@@ -359,7 +359,7 @@ impl<R: Runtime> Node<R> {
             key: key.clone(),
             claim_ref,
             claimed_at: now,
-            deadline: now + lease,
+            deadline: self.inner.cfg.lease.deadline(now, spec.ttl_seconds),
             phase: model::Phase::Running,
             address: inst.address.clone(),
             metadata: spec.metadata.clone(),

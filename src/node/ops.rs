@@ -28,7 +28,7 @@ impl<R: Runtime> Node<R> {
                     self.name()
                 )));
             }
-            if let Some(inst) = st.pools.get_mut(key).and_then(|p| p.warm.pop_front()) {
+            if let Some(inst) = self.pop_live_warm(&mut st, key) {
                 let record = self.stamp(&inst, key, &spec, Origin::Pool);
                 let record = self.insert_claim(&mut st, record, inst);
                 drop(st);
@@ -49,6 +49,23 @@ impl<R: Runtime> Node<R> {
         let booted = self.boot(key, &seed).await;
         let record = self.adopt(booted, key, &spec, Origin::Pool)?;
         Ok((record, false))
+    }
+
+    /// The first warm instance of `key` that is still running; dead ones are cleaned up.
+    fn pop_live_warm(
+        &self,
+        st: &mut super::State<R::Handle>,
+        key: &PoolKey,
+    ) -> Option<Instance<R::Handle>> {
+        let pool = st.pools.get_mut(key)?;
+        while let Some(inst) = pool.warm.pop_front() {
+            if self.inner.runtime.is_alive(&inst) {
+                return Some(inst);
+            }
+            tracing::warn!(instance = %inst.id, pool = %key, "a warm instance had died; discarding it");
+            self.destroy_later(inst, "warm instance died");
+        }
+        None
     }
 
     /// Starts a fresh sandbox from a checkpoint: its own id, token and lease.
@@ -160,7 +177,7 @@ impl<R: Runtime> Node<R> {
         ttl_seconds: u64,
         allow_shorter: bool,
     ) -> Result<(DateTime<Utc>, bool)> {
-        let wanted = Utc::now() + self.inner.cfg.lease.grant(ttl_seconds);
+        let wanted = self.inner.cfg.lease.deadline(Utc::now(), ttl_seconds);
         let mut st = self.state();
         let Some(c) = st.claims.get_mut(id) else {
             return Err(self.not_found(&st, id));

@@ -2,6 +2,7 @@
 //! Verbs with several steps run as detached tasks, so a caller that goes away mid-call
 //! cannot leave a half-done claim or a leaked instance behind.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -40,6 +41,20 @@ fn key_of(key: Option<proto::PoolKey>) -> model::Result<model::PoolKey> {
         .to_model()
 }
 
+fn claim_spec(
+    ttl_seconds: u64,
+    claim_ref: String,
+    metadata: HashMap<String, String>,
+    env_vars: HashMap<String, String>,
+) -> ClaimSpec {
+    ClaimSpec {
+        ttl_seconds,
+        claim_ref,
+        metadata: metadata.into_iter().collect(),
+        env_vars: env_vars.into_iter().collect(),
+    }
+}
+
 fn required_id(id: &str, what: &str) -> Result<(), Status> {
     if id.is_empty() {
         return Err(Error::invalid(format!("{what} id is empty")).into());
@@ -52,12 +67,7 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
     async fn claim(&self, req: Request<proto::ClaimRequest>) -> Reply<proto::ClaimReply> {
         let r = req.into_inner();
         let key = key_of(r.key)?;
-        let spec = ClaimSpec {
-            ttl_seconds: r.ttl_seconds,
-            claim_ref: r.claim_ref,
-            metadata: r.metadata.into_iter().collect(),
-            env_vars: r.env_vars.into_iter().collect(),
-        };
+        let spec = claim_spec(r.ttl_seconds, r.claim_ref, r.metadata, r.env_vars);
         let node = self.node.clone();
         let (record, warm) = detached(async move { node.claim(&key, spec).await }).await?;
         Ok(Response::new(proto::ClaimReply {
@@ -72,12 +82,7 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
     ) -> Reply<proto::ClaimReply> {
         let r = req.into_inner();
         required_id(&r.checkpoint_id, "checkpoint")?;
-        let spec = ClaimSpec {
-            ttl_seconds: r.ttl_seconds,
-            claim_ref: r.claim_ref,
-            metadata: r.metadata.into_iter().collect(),
-            env_vars: r.env_vars.into_iter().collect(),
-        };
+        let spec = claim_spec(r.ttl_seconds, r.claim_ref, r.metadata, r.env_vars);
         let node = self.node.clone();
         let record =
             detached(async move { node.claim_checkpoint(&r.checkpoint_id, spec).await }).await?;

@@ -54,6 +54,17 @@ pub struct ProcessHandle {
     pub cgroup: Option<PathBuf>,
 }
 
+impl ProcessHandle {
+    /// Signals the instance's process group, but only while its leader is still the process
+    /// this handle was made for: after a reboot or a long outage the number may belong to
+    /// someone else.
+    fn signal_group(&self, sig: i32) {
+        if sys::is_same_live_process(self.pid, self.start_ticks) {
+            sys::kill_group(self.pid, sig);
+        }
+    }
+}
+
 pub struct ProcessRuntime {
     cfg: ProcessConfig,
     cgroups: Option<Cgroups>,
@@ -322,7 +333,7 @@ impl Runtime for ProcessRuntime {
                 blocking(move || c.freeze(&cg).map_err(io_err("freezing the instance"))).await
             }
             _ => {
-                sys::kill_group(inst.handle.pid, libc::SIGSTOP);
+                inst.handle.signal_group(libc::SIGSTOP);
                 Ok(())
             }
         }
@@ -335,7 +346,7 @@ impl Runtime for ProcessRuntime {
                 blocking(move || c.thaw(&cg).map_err(io_err("thawing the instance"))).await
             }
             _ => {
-                sys::kill_group(inst.handle.pid, libc::SIGCONT);
+                inst.handle.signal_group(libc::SIGCONT);
                 Ok(())
             }
         }
@@ -427,8 +438,8 @@ impl KillCtx {
             cgs.destroy(cg)
                 .map_err(io_err(format!("destroying cgroup {}", cg.display())))?;
         }
-        sys::kill_group(h.pid, libc::SIGKILL);
-        sys::kill_group(h.pid, libc::SIGCONT);
+        h.signal_group(libc::SIGKILL);
+        h.signal_group(libc::SIGCONT);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while sys::is_same_live_process(h.pid, h.start_ticks) {
             if std::time::Instant::now() > deadline {
