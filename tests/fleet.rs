@@ -841,3 +841,34 @@ async fn instances_that_die_are_noticed() {
     .await;
     stop_all(&tmp, d, &mut [node]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_cannot_share_a_data_directory() {
+    let (tmp, token) = workspace();
+    let dir = tmp.path().join("shared");
+    let first = NodeProc::start("first", &dir, &token, "127.0.0.1:0", &["--pool", "base=0"]);
+    let mut second = Proc::spawn(&[
+        "node".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        dir.display().to_string(),
+        "--token-file".into(),
+        token.display().to_string(),
+    ]);
+    let status = second.wait_exit(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "a second node on the same data directory must refuse to start"
+    );
+    let d = dispatcher(TOKEN, &[&first]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    // The refused node touched nothing of the first one's: it still boots and pauses sandboxes.
+    let r = d.claim(claim_req("ns", "after", 60)).await.unwrap().record;
+    assert!(d.set_paused(None, &r.id, true).await.unwrap().1);
+    assert_eq!(
+        http_get(&r.address, "/health", Duration::from_millis(300)),
+        None
+    );
+    stop_all(&tmp, d, &mut [first]).await;
+}

@@ -49,6 +49,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         .map_err(|e| Error::io(format!("resolving {}", node_cfg.data_dir.display()), e))?;
     node_cfg.advertise_address = cfg.advertise_address.unwrap_or_else(|| address.to_string());
     let paths = node_cfg.paths();
+    let lock = Node::<ProcessRuntime>::lock_data_dir(&node_cfg)?;
     let runtime = ProcessRuntime::new(ProcessConfig {
         agent: cfg.agent,
         state_root: paths.sandboxes.clone(),
@@ -56,7 +57,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         isolate: cfg.isolate,
         boot_timeout: BOOT_TIMEOUT,
     })?;
-    let node = Node::open(node_cfg, runtime).await?;
+    let node = Node::open(node_cfg, runtime, lock).await?;
     let service = NodeServer::with_interceptor(
         NodeService::new(node.clone()),
         RequireFleetToken::new(&cfg.token),

@@ -122,6 +122,9 @@ pub(crate) struct Inner<R: Runtime> {
     _lock: runtime::sys::DirLock,
 }
 
+/// Exclusive use of a node's data directory.
+pub struct DataDirLock(runtime::sys::DirLock);
+
 /// A node: cheap to clone, all clones share one state.
 pub struct Node<R: Runtime> {
     inner: Arc<Inner<R>>,
@@ -162,7 +165,22 @@ fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
 impl<R: Runtime> Node<R> {
     /// Opens the node's data directory, recovers its index (reporting claims whose instances
     /// did not survive), removes leftovers of an earlier run, and starts the background loops.
-    pub async fn open(cfg: NodeConfig, runtime: R) -> Result<Self> {
+    /// Takes the data directory for one node; a second node on it is refused. Take it before
+    /// building the runtime, which may clean up after an earlier run of the same node.
+    pub fn lock_data_dir(cfg: &NodeConfig) -> Result<DataDirLock> {
+        let paths = cfg.paths();
+        std::fs::create_dir_all(&paths.root)
+            .map_err(io(format!("creating {}", paths.root.display())))?;
+        let lock = runtime::sys::lock_file(&paths.lock).map_err(|e| {
+            Error::unavailable(format!(
+                "data directory {} is in use by another node ({e})",
+                paths.root.display()
+            ))
+        })?;
+        Ok(DataDirLock(lock))
+    }
+
+    pub async fn open(cfg: NodeConfig, runtime: R, lock: DataDirLock) -> Result<Self> {
         let paths = cfg.paths();
         for dir in [
             &paths.root,
@@ -172,12 +190,6 @@ impl<R: Runtime> Node<R> {
         ] {
             std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         }
-        let lock = runtime::sys::lock_file(&paths.lock).map_err(|e| {
-            Error::unavailable(format!(
-                "data directory {} is in use by another node ({e})",
-                paths.root.display()
-            ))
-        })?;
         let base = paths.templates.join("base");
         if !base.exists() {
             std::fs::create_dir_all(&base).map_err(io("creating the base template"))?;
@@ -270,7 +282,7 @@ impl<R: Runtime> Node<R> {
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             started_at: Utc::now(),
-            _lock: lock,
+            _lock: lock.0,
             cfg,
         });
         let node = Node { inner };
