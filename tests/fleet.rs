@@ -705,8 +705,26 @@ async fn a_claim_with_an_unknown_outcome_is_not_sent_again() {
         "127.0.0.1:0",
         &["--pool", "base=1"],
     );
+    // Full pools first, then a dispatcher that reads them once and does not poll again during
+    // the test, so its choice does not depend on timing.
+    for (n, want) in [(&slow, 6), (&spare, 1)] {
+        let conn = NodeConn::new(&n.addr, TOKEN).unwrap();
+        let mut warm = 0;
+        for _ in 0..600 {
+            warm = conn
+                .info(Duration::from_secs(5))
+                .await
+                .unwrap()
+                .warm(&PoolKey::base());
+            if warm == want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(warm, want, "pool of {} did not fill", n.name);
+    }
     let cfg = sandbox_gateway::dispatch::DispatcherConfig {
-        info_interval: Duration::from_millis(100),
+        info_interval: Duration::from_secs(600),
         claim_timeout: Duration::from_millis(700),
         ..Default::default()
     };
@@ -714,20 +732,32 @@ async fn a_claim_with_an_unknown_outcome_is_not_sent_again() {
     d.add_node(&slow.addr).unwrap();
     d.add_node(&spare.addr).unwrap();
     d.wait_for_nodes(2, Duration::from_secs(30)).await.unwrap();
-    wait_warm(&d, 1, 2).await;
-    eventually(Duration::from_secs(30), "slow node's pool is full", || {
-        d.nodes().iter().any(|n| {
-            n.info
-                .as_ref()
-                .is_some_and(|i| i.name == "slow" && i.warm(&PoolKey::base()) == 6)
-        })
-    })
-    .await;
 
     // The node with more warm capacity wins both power-of-two samples; freeze it so that the
     // claim reaches its socket but gets no answer.
     slow.proc.signal(libc::SIGSTOP);
-    let e = d.claim(claim_req("ns", "maybe", 60)).await.unwrap_err();
+    // Group stop is asynchronous: wait until every thread of the node has stopped.
+    let pid = slow.proc.child.id();
+    eventually(Duration::from_secs(10), "the node is stopped", || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .all(|t| {
+                let stat =
+                    std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('T'))
+            })
+    })
+    .await;
+    let e = match d.claim(claim_req("ns", "maybe", 60)).await {
+        Ok(c) => panic!(
+            "claim succeeded on {} (nodes {:?})",
+            c.record.node,
+            d.nodes()
+        ),
+        Err(e) => e,
+    };
     assert_eq!(e.kind, ErrorKind::OutcomeUnknown, "{e}");
     let spare_conn = NodeConn::new(&spare.addr, TOKEN).unwrap();
     assert_eq!(

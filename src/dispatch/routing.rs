@@ -33,3 +33,64 @@ pub fn take_next(candidates: &mut Vec<Arc<NodeHandle>>, key: &PoolKey) -> Option
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::client::NodeConn;
+    use crate::model::{NodeInfo, NodeLimits, PoolStatus};
+
+    fn node(addr: &str, warm: u32, claimed: u32) -> Arc<NodeHandle> {
+        let h = Arc::new(NodeHandle::new(NodeConn::new(addr, "t").unwrap()));
+        h.set_info(NodeInfo {
+            name: addr.into(),
+            advertise_address: addr.into(),
+            pools: vec![PoolStatus {
+                key: PoolKey::base(),
+                warm,
+                target: warm,
+                booting: 0,
+            }],
+            claimed,
+            paused: 0,
+            checkpoints: 0,
+            limits: NodeLimits {
+                lease_default_seconds: 300,
+                lease_max_seconds: 86400,
+                fork_limit: 16,
+                max_sandboxes: 512,
+                cold_start: true,
+            },
+            templates: vec!["base".into()],
+            revision: 0,
+            lost: vec![],
+            runtime: "process".into(),
+            version: String::new(),
+            started_at: chrono::Utc::now(),
+        });
+        h
+    }
+
+    #[tokio::test]
+    async fn the_better_of_two_wins_and_every_candidate_is_tried_once() {
+        let key = PoolKey::base();
+        for _ in 0..50 {
+            let mut c = vec![node("10.0.0.1:1", 0, 0), node("10.0.0.2:1", 5, 0)];
+            assert_eq!(take_next(&mut c, &key).unwrap().address(), "10.0.0.2:1");
+            assert_eq!(take_next(&mut c, &key).unwrap().address(), "10.0.0.1:1");
+            assert!(take_next(&mut c, &key).is_none());
+            // Equal warm capacity: fewer claims wins.
+            let mut c = vec![node("10.0.0.3:1", 2, 9), node("10.0.0.4:1", 2, 1)];
+            assert_eq!(take_next(&mut c, &key).unwrap().address(), "10.0.0.4:1");
+        }
+        // Among many equal nodes the pick spreads.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let mut c: Vec<_> = (0..4)
+                .map(|i| node(&format!("10.0.1.{i}:1"), 3, 0))
+                .collect();
+            seen.insert(take_next(&mut c, &key).unwrap().address().to_string());
+        }
+        assert_eq!(seen.len(), 4);
+    }
+}
