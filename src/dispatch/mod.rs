@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use client::{Effect, NodeConn};
 use owner_index::OwnerIndex;
-use read_view::ReadView;
+use read_view::{LocalChange, ReadView};
 use registry::{NodeHandle, Registry};
 
 use crate::model::{
@@ -233,6 +233,29 @@ impl Dispatcher {
         self.inner.tasks.wait().await;
     }
 
+    /// Records a sandbox a node just handed over: routing estimates, owner index, read view.
+    fn claimed_on(&self, node: &Arc<NodeHandle>, record: &SandboxRecord, warm: bool) {
+        node.took_claim(&record.key, warm);
+        self.inner
+            .owners
+            .remember(&record.id, &record.claim_ref, node);
+        self.local(&record.node, LocalChange::Upsert(record.clone()));
+    }
+
+    fn local(&self, node: &str, change: LocalChange) {
+        self.inner.view.apply_local(node, change);
+    }
+
+    /// The longest lease every reachable node grants, in seconds.
+    pub fn max_lease_seconds(&self) -> Option<u64> {
+        self.inner
+            .registry
+            .up()
+            .iter()
+            .filter_map(|h| h.info().map(|i| i.limits.lease_max_seconds))
+            .min()
+    }
+
     // ----- following nodes -----
 
     async fn monitor(self, h: Arc<NodeHandle>) {
@@ -395,10 +418,7 @@ impl Dispatcher {
                         .sandbox
                         .ok_or_else(|| Error::internal("node answered a claim without a sandbox"))?
                         .into();
-                    node.took_claim(key, reply.warm);
-                    self.inner
-                        .owners
-                        .remember(&record.id, &record.claim_ref, &node);
+                    self.claimed_on(&node, &record, reply.warm);
                     return Ok(Claimed {
                         record,
                         warm: reply.warm,
@@ -463,10 +483,7 @@ impl Dispatcher {
             .sandbox
             .ok_or_else(|| Error::internal("node answered a claim without a sandbox"))?
             .into();
-        node.took_claim(&record.key, false);
-        self.inner
-            .owners
-            .remember(&record.id, &record.claim_ref, &node);
+        self.claimed_on(&node, &record, false);
         Ok(Claimed {
             record,
             warm: false,
@@ -651,6 +668,7 @@ impl Dispatcher {
             )
             .await?;
         self.inner.owners.forget_id(&record.id);
+        self.local(&record.node, LocalChange::Released { id: record.id });
         Ok(())
     }
 
@@ -672,13 +690,19 @@ impl Dispatcher {
                 Effect::Write,
                 self.inner.cfg.call_timeout,
                 c.renew(proto::RenewRequest {
-                    id: record.id,
+                    id: record.id.clone(),
                     ttl_seconds,
                     allow_shorter,
                 }),
             )
             .await?;
-        Ok((proto::from_ms(reply.deadline_ms), reply.changed))
+        let deadline = proto::from_ms(reply.deadline_ms);
+        let change = LocalChange::Deadline {
+            id: record.id,
+            deadline,
+        };
+        self.local(&record.node, change);
+        Ok((deadline, reply.changed))
     }
 
     /// Pauses (`pause = true`) or resumes; answers the record and whether the state changed.
@@ -701,10 +725,11 @@ impl Dispatcher {
                 .call("resume", Effect::Write, t, c.resume(r))
                 .await?
         };
-        let record = reply
+        let record: SandboxRecord = reply
             .sandbox
             .ok_or_else(|| Error::internal("node answered without the sandbox"))?
             .into();
+        self.local(&record.node, LocalChange::Upsert(record.clone()));
         Ok((record, reply.changed))
     }
 
@@ -735,10 +760,7 @@ impl Dispatcher {
             .await?;
         let children: Vec<SandboxRecord> = reply.children.into_iter().map(Into::into).collect();
         for child in &children {
-            node.took_claim(&child.key, false);
-            self.inner
-                .owners
-                .remember(&child.id, &child.claim_ref, &node);
+            self.claimed_on(&node, child, false);
         }
         Ok(children)
     }

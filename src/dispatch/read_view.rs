@@ -47,6 +47,26 @@ struct Inner {
     revision: u64,
     nodes: HashMap<String, NodeSlice>,
     history: VecDeque<ViewEvent>,
+    /// Sandboxes this dispatcher released, until their node's stream confirms it: a late
+    /// event from before the release must not bring them back.
+    released: HashMap<String, Instant>,
+}
+
+/// How long a local release shadows stream events for its sandbox at most.
+const RELEASE_SHADOW: Duration = Duration::from_secs(120);
+
+/// A change this dispatcher made itself and already knows the outcome of.
+#[derive(Debug, Clone)]
+pub enum LocalChange {
+    /// A claim, fork child, pause or resume: the node's answer.
+    Upsert(SandboxRecord),
+    Released {
+        id: String,
+    },
+    Deadline {
+        id: String,
+        deadline: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 pub struct ReadView {
@@ -81,6 +101,9 @@ impl Inner {
     }
 
     fn upsert(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str, record: SandboxRecord) {
+        if self.released.contains_key(&record.id) {
+            return;
+        }
         let slice = self.nodes.entry(node.to_string()).or_default();
         if let Some(incoming) = &mut slice.incoming {
             incoming.insert(record.id.clone(), Arc::new(record));
@@ -96,6 +119,7 @@ impl Inner {
     }
 
     fn remove(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str, id: &str) {
+        self.released.remove(id);
         let Some(slice) = self.nodes.get_mut(node) else {
             return;
         };
@@ -114,10 +138,17 @@ impl Inner {
         let Some(slice) = self.nodes.get_mut(node) else {
             return;
         };
-        let Some(incoming) = slice.incoming.take() else {
+        let Some(mut incoming) = slice.incoming.take() else {
             return;
         };
         slice.lost_since = None;
+        // A complete snapshot settles every local release: keep shadowing what it still
+        // lists, forget the rest.
+        self.released.retain(|id, _| incoming.contains_key(id));
+        incoming.retain(|id, _| !self.released.contains_key(id));
+        let Some(slice) = self.nodes.get_mut(node) else {
+            return;
+        };
         let old = std::mem::replace(&mut slice.sandboxes, incoming.clone());
         let mut changes = Vec::new();
         for (id, rec) in &old {
@@ -185,10 +216,35 @@ impl ReadView {
         }
     }
 
+    /// Applies a change this dispatcher just made, so that a list on this replica reflects
+    /// it at once instead of after the node's stream catches up.
+    pub fn apply_local(&self, node: &str, change: LocalChange) {
+        let mut inner = self.write();
+        match change {
+            LocalChange::Upsert(record) => inner.upsert(&self.tx, node, record.without_token()),
+            LocalChange::Released { id } => {
+                inner.remove(&self.tx, node, &id);
+                inner.released.insert(id, Instant::now());
+            }
+            LocalChange::Deadline { id, deadline } => {
+                let current = inner
+                    .nodes
+                    .get(node)
+                    .and_then(|s| s.sandboxes.get(&id))
+                    .map(|r| (**r).clone());
+                if let Some(mut r) = current {
+                    r.deadline = deadline;
+                    inner.upsert(&self.tx, node, r);
+                }
+            }
+        }
+    }
+
     /// Drops the entries of nodes whose streams have been lost for longer than `stale_after`.
     /// Returns the nodes dropped.
     pub fn sweep(&self, stale_after: Duration) -> Vec<String> {
         let mut inner = self.write();
+        inner.released.retain(|_, at| at.elapsed() < RELEASE_SHADOW);
         let stale: Vec<String> = inner
             .nodes
             .iter()
@@ -351,6 +407,44 @@ mod tests {
         m.phase = Phase::Paused;
         v.apply("n1", ev(InventoryChange::Modified(m)));
         assert_eq!(v.find_id("c").unwrap().phase, Phase::Paused);
+    }
+
+    #[test]
+    fn local_changes_show_at_once_and_late_stream_events_do_not_undo_them() {
+        let v = ReadView::new();
+        v.stream_started("n1");
+        v.apply("n1", ev(InventoryChange::Synced));
+        let mut r = rec("a", "ns/a");
+        r.token = "secret".into();
+        v.apply_local("n1", LocalChange::Upsert(r.clone()));
+        assert_eq!(
+            v.find_id("a").unwrap().token,
+            "",
+            "the view never holds tokens"
+        );
+        let later = chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::seconds(60);
+        v.apply_local(
+            "n1",
+            LocalChange::Deadline {
+                id: "a".into(),
+                deadline: later,
+            },
+        );
+        assert_eq!(v.find_id("a").unwrap().deadline, later);
+        v.apply_local("n1", LocalChange::Released { id: "a".into() });
+        assert!(v.find_id("a").is_none());
+        // The node's stream still has to report the claim and then its release.
+        v.apply("n1", ev(InventoryChange::Added(rec("a", "ns/a"))));
+        assert!(
+            v.find_id("a").is_none(),
+            "a late ADDED does not resurrect a released sandbox"
+        );
+        v.apply("n1", ev(InventoryChange::Deleted(rec("a", "ns/a"))));
+        v.apply("n1", ev(InventoryChange::Added(rec("a", "ns/a"))));
+        assert!(
+            v.find_id("a").is_some(),
+            "once confirmed, the shadow is gone"
+        );
     }
 
     #[test]
