@@ -323,6 +323,7 @@ fn record(id: &str, node: &str, i: usize) -> SandboxRecord {
         cpu_count: 1,
         memory_bytes: 512 << 20,
         state_dir: String::new(),
+        disk_bytes: 0,
     }
 }
 

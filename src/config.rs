@@ -30,6 +30,29 @@ pub enum Command {
     Node(NodeArgs),
     /// Run the in-sandbox agent (started by a node for every sandbox).
     Agent(AgentArgs),
+    /// Manage e2b API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Print the e2b surface's OpenAPI document.
+    Openapi,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Add a key (`e2b_` + 40 hex) for a namespace to the key file and print it once.
+    Create(KeysCreateArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KeysCreateArgs {
+    /// The tenant's namespace (`*` makes an admin key that sees every namespace).
+    #[arg(long)]
+    pub namespace: String,
+    /// The key file [default: DATA_DIR/api-keys, the one `serve` reads by default].
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    #[arg(long, env = "SANDBOX_GATEWAY_DATA_DIR", default_value_os_t = default_data_dir())]
+    pub data_dir: PathBuf,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -74,6 +97,20 @@ pub struct ServeArgs {
     /// Warm pool of the embedded node, TEMPLATE[/NET[/SIZE]]=COUNT (repeatable).
     #[arg(long = "pool", value_parser = parse_pool, default_value = "base=4")]
     pub pools: Vec<PoolTarget>,
+    /// e2b API keys, one `KEY NAMESPACE` per line (`#` comments, `sha256:<hex>` keys).
+    /// Without it (and without --allow-anonymous) a local gateway creates DATA_DIR/api-keys.
+    #[arg(long, env = "SANDBOX_GATEWAY_API_KEYS")]
+    pub api_keys: Option<PathBuf>,
+    /// Accept calls without a known key (namespace `default`); for development.
+    #[arg(long)]
+    pub allow_anonymous: bool,
+    /// Sandbox domain returned to e2b SDKs (they reach sandboxes at PORT-ID.DOMAIN). The
+    /// default keeps SDK data-plane calls on this machine instead of e2b's cloud.
+    #[arg(long, env = "SANDBOX_GATEWAY_E2B_DOMAIN", default_value = "localhost")]
+    pub e2b_domain: String,
+    /// Secret that signs envd access tokens; replicas must share it [default: DATA_DIR/envd-secret].
+    #[arg(long)]
+    pub envd_secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sandbox_gateway::config::{Cli, Command, NodeArgs, host_name};
+use sandbox_gateway::config::{Cli, Command, KeysCommand, NodeArgs, host_name};
 use sandbox_gateway::model::{Error, Result, ids};
 use sandbox_gateway::node::NodeConfig;
 use sandbox_gateway::node::daemon::{self, DaemonConfig};
@@ -88,8 +88,28 @@ fn main() -> ExitCode {
                     data_dir: s.data_dir,
                     node_token_file: s.node_token_file,
                     pools: s.pools,
+                    api_keys: s.api_keys,
+                    allow_anonymous: s.allow_anonymous,
+                    e2b_domain: Some(s.e2b_domain),
+                    envd_secret_file: s.envd_secret_file,
+                    dispatcher: Default::default(),
                 }))
             })
+        }
+        Command::Keys(KeysCommand::Create(k)) => {
+            let file = k.file.unwrap_or_else(|| k.data_dir.join("api-keys"));
+            gateway::create_key(&file, &k.namespace).map(|key| {
+                println!("{key}");
+                eprintln!(
+                    "added to {} for namespace {} (stored as its SHA-256; this is the only time it is shown)",
+                    file.display(),
+                    k.namespace
+                );
+            })
+        }
+        Command::Openapi => {
+            print!("{}", sandbox_gateway::e2b::openapi::document_json());
+            Ok(())
         }
     };
     match outcome {

@@ -10,6 +10,12 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 
 use crate::model::{Error, Result};
 
+/// The envd protocol version the e2b surface announces for sandboxes. The agent serves
+/// envd's `GET /health`; the SDKs gate client-side features on this number, and 0.2.4 is the
+/// lowest at which they allow every control-plane call the gateway serves (metrics included)
+/// without warnings. It rises as the agent implements more of envd.
+pub const ENVD_VERSION: &str = "0.2.4";
+
 #[derive(Debug, Clone, Default)]
 pub struct AgentConfig {
     /// Address to bind, for running an agent by hand.

@@ -239,7 +239,7 @@ impl Dispatcher {
         self.inner
             .owners
             .remember(&record.id, &record.claim_ref, node);
-        self.local(&record.node, LocalChange::Upsert(record.clone()));
+        self.local(&record.node, LocalChange::Upsert(Box::new(record.clone())));
     }
 
     fn local(&self, node: &str, change: LocalChange) {
@@ -729,7 +729,7 @@ impl Dispatcher {
             .sandbox
             .ok_or_else(|| Error::internal("node answered without the sandbox"))?
             .into();
-        self.local(&record.node, LocalChange::Upsert(record.clone()));
+        self.local(&record.node, LocalChange::Upsert(Box::new(record.clone())));
         Ok((record, reply.changed))
     }
 

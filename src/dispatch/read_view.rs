@@ -59,7 +59,7 @@ const RELEASE_SHADOW: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub enum LocalChange {
     /// A claim, fork child, pause or resume: the node's answer.
-    Upsert(SandboxRecord),
+    Upsert(Box<SandboxRecord>),
     Released {
         id: String,
     },
@@ -361,6 +361,7 @@ mod tests {
             cpu_count: 1,
             memory_bytes: 1,
             state_dir: String::new(),
+            disk_bytes: 0,
         }
     }
 
@@ -416,7 +417,7 @@ mod tests {
         v.apply("n1", ev(InventoryChange::Synced));
         let mut r = rec("a", "ns/a");
         r.token = "secret".into();
-        v.apply_local("n1", LocalChange::Upsert(r.clone()));
+        v.apply_local("n1", LocalChange::Upsert(Box::new(r.clone())));
         assert_eq!(
             v.find_id("a").unwrap().token,
             "",

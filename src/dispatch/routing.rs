@@ -67,6 +67,8 @@ mod tests {
             runtime: "process".into(),
             version: String::new(),
             started_at: chrono::Utc::now(),
+            disk_bytes: 0,
+            usage: vec![],
         });
         h
     }

@@ -1,28 +1,94 @@
-//! The e2b REST surface. It answers health; the sandbox routes are built on the dispatcher
-//! next. Every error is JSON `{"code": <status>, "message": "…"}` as the SDKs expect.
+//! The e2b REST surface: the control-plane API the e2b SDKs call, on the shared dispatcher.
+//! Every error is JSON `{"code": <status>, "message": "…"}`; ids are published DNS-safe.
 
-use actix_web::http::StatusCode;
+pub mod auth;
+pub mod body;
+pub mod error;
+pub mod idempotency;
+pub mod listing;
+pub mod openapi;
+mod render;
+pub mod sandboxes;
+pub mod templates;
+pub mod tokens;
+pub mod wire;
+
+use actix_web::middleware::ErrorHandlers;
 use actix_web::{HttpRequest, HttpResponse, web};
 
-pub fn error_response(status: StatusCode, message: impl Into<String>) -> HttpResponse {
-    HttpResponse::build(status).json(serde_json::json!({
-        "code": status.as_u16(),
-        "message": message.into(),
-    }))
+use crate::dispatch::Dispatcher;
+use error::{ApiError, ensure_json};
+
+/// State shared by the e2b handlers.
+pub struct E2b {
+    pub dispatcher: Dispatcher,
+    pub tokens: tokens::EnvdTokens,
+    /// The sandbox domain the SDKs build data-plane host names from.
+    pub domain: Option<String>,
+    pub idempotency: idempotency::Idempotency,
 }
 
 async fn health() -> HttpResponse {
     HttpResponse::NoContent().finish()
 }
 
-async fn no_route(req: HttpRequest) -> HttpResponse {
-    error_response(
-        StatusCode::NOT_FOUND,
-        format!("no route for {} {}", req.method(), req.path()),
-    )
+async fn no_route(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.path()
+    )))
 }
 
+async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(openapi::document_json())
+}
+
+/// The middleware that turns every error response into the JSON envelope.
+pub fn json_errors<B: 'static>() -> ErrorHandlers<B> {
+    ErrorHandlers::new().default_handler(ensure_json)
+}
+
+/// Registers the e2b routes. The caller provides `web::Data<E2b>` and `web::Data<ApiKeys>`.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/health", web::get().to(health))
+    use sandboxes as s;
+    cfg.app_data(web::PayloadConfig::new(body::MAX_BODY))
+        .route("/health", web::get().to(health))
+        .route("/openapi.json", web::get().to(openapi_json))
+        .route("/v2/sandboxes", web::post().to(s::create_v2))
+        .route("/v2/sandboxes", web::get().to(s::list_v2))
+        .route("/sandboxes", web::post().to(s::create_v1))
+        .route("/sandboxes", web::get().to(s::list_v1))
+        // Before /sandboxes/{id} so that "metrics" is not taken for an id.
+        .route("/sandboxes/metrics", web::get().to(s::metrics_batch))
+        .route("/sandboxes/{id}", web::get().to(s::get))
+        .route("/sandboxes/{id}", web::delete().to(s::kill))
+        .route("/sandboxes/{id}/timeout", web::post().to(s::set_timeout))
+        .route("/sandboxes/{id}/refreshes", web::post().to(s::refresh))
+        .route("/sandboxes/{id}/pause", web::post().to(s::pause))
+        .route("/sandboxes/{id}/resume", web::post().to(s::resume))
+        .route("/sandboxes/{id}/connect", web::post().to(s::connect_v1))
+        .route("/v2/sandboxes/{id}/connect", web::post().to(s::connect_v2))
+        .route("/sandboxes/{id}/fork", web::post().to(s::fork))
+        .route("/sandboxes/{id}/snapshots", web::post().to(s::snapshot))
+        .route("/sandboxes/{id}/metrics", web::get().to(s::metrics))
+        .route("/snapshots", web::get().to(s::list_snapshots))
+        .route("/templates", web::get().to(templates::list))
+        .route("/v2/templates", web::get().to(templates::list_v2))
+        .route("/templates/{id}", web::delete().to(s::delete_template))
+        // Known to the SDKs, not served here.
+        .route("/sandboxes/{id}/network", web::put().to(s::not_supported))
+        .route("/sandboxes/{id}/logs", web::get().to(s::not_supported))
+        .route("/v2/sandboxes/{id}/logs", web::get().to(s::not_supported))
+        .route("/v3/templates", web::post().to(s::not_supported))
+        .route(
+            "/v2/templates/{id}/builds/{build}",
+            web::post().to(s::not_supported),
+        )
+        .route("/templates/{tail:.*}", web::to(s::not_supported))
+        .route("/volumes{tail:.*}", web::to(s::not_supported))
+        .route("/secrets{tail:.*}", web::to(s::not_supported))
         .default_service(web::to(no_route));
 }

@@ -1,17 +1,24 @@
 //! `sandbox-gateway serve`: the gateway process. It starts an embedded node when no node
 //! address is given, connects the dispatcher to the nodes, and serves the e2b surface.
 
-use std::path::PathBuf;
+pub mod observe;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::{App, HttpServer};
+use actix_web::{App, HttpResponse, HttpServer, web};
 
 use crate::dispatch::{Dispatcher, DispatcherConfig};
+use crate::e2b::auth::{self, ApiKeys};
+use crate::e2b::tokens::EnvdTokens;
+use crate::e2b::{self, E2b};
 use crate::fsx;
-use crate::model::{Error, PoolTarget, Result, ids};
+use crate::model::{DEFAULT_NAMESPACE, Error, PoolTarget, Result, ids};
 use crate::node::NodeConfig;
 use crate::node::daemon::{self, DaemonConfig, RunningNode};
 use crate::node::runtime::process::AgentCommand;
+use observe::Metrics;
 
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -22,6 +29,13 @@ pub struct ServeConfig {
     pub node_token_file: Option<PathBuf>,
     /// Warm pools of the embedded node.
     pub pools: Vec<PoolTarget>,
+    pub api_keys: Option<PathBuf>,
+    pub allow_anonymous: bool,
+    /// The sandbox domain returned to SDKs.
+    pub e2b_domain: Option<String>,
+    /// Secret that signs envd access tokens [default: DATA_DIR/envd-secret, created].
+    pub envd_secret_file: Option<PathBuf>,
+    pub dispatcher: DispatcherConfig,
 }
 
 /// Resolves when the process is asked to stop (SIGINT or SIGTERM).
@@ -69,10 +83,62 @@ fn fleet_token(cfg: &ServeConfig) -> Result<String> {
     Ok(token)
 }
 
+/// Where API keys come from, and what to tell the user about them.
+fn api_keys(cfg: &ServeConfig) -> Result<(ApiKeys, Vec<String>)> {
+    if let Some(path) = &cfg.api_keys {
+        let keys = ApiKeys::new(Some(path.clone()), cfg.allow_anonymous)?;
+        let note = format!("API keys: {} ({} keys)", path.display(), keys.len());
+        return Ok((keys, vec![note]));
+    }
+    if cfg.allow_anonymous {
+        let keys = ApiKeys::new(None, true)?;
+        return Ok((
+            keys,
+            vec!["API keys: anonymous use allowed, any key works (namespace default)".into()],
+        ));
+    }
+    if !cfg.nodes.is_empty() {
+        return Err(Error::invalid(
+            "pass --api-keys FILE (lines `KEY NAMESPACE`) or --allow-anonymous",
+        ));
+    }
+    // The local default: one key, made on first start, kept next to the data.
+    let path = cfg.data_dir.join("api-keys");
+    let mut notes = Vec::new();
+    if !path.exists() {
+        let key = auth::new_key();
+        auth::append_key(&path, &key, DEFAULT_NAMESPACE, "created on first start")?;
+        notes.push(format!(
+            "created an API key for namespace {DEFAULT_NAMESPACE}: {key}"
+        ));
+        notes.push(format!("  export E2B_API_KEY={key}"));
+    }
+    notes.push(format!("API keys: {}", path.display()));
+    Ok((ApiKeys::new(Some(path), false)?, notes))
+}
+
+fn envd_tokens(cfg: &ServeConfig) -> Result<EnvdTokens> {
+    let path = cfg
+        .envd_secret_file
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("envd-secret"));
+    let (secret, _) = fsx::load_or_create_secret(&path, || ids::random_hex(32))
+        .map_err(|e| Error::io(format!("envd token secret {}", path.display()), e))?;
+    EnvdTokens::new(secret.as_bytes())
+}
+
+async fn metrics_route(metrics: web::Data<Arc<Metrics>>, e2b: web::Data<E2b>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(metrics.render(&e2b.dispatcher))
+}
+
 pub async fn run(cfg: ServeConfig) -> Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| Error::io(format!("creating {}", cfg.data_dir.display()), e))?;
     let token = fleet_token(&cfg)?;
+    let (keys, key_notes) = api_keys(&cfg)?;
+    let tokens = envd_tokens(&cfg)?;
 
     let embedded: Option<RunningNode> = if cfg.nodes.is_empty() {
         let mut node = NodeConfig::new("embedded", cfg.data_dir.join("node"));
@@ -92,7 +158,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         None
     };
 
-    let dispatcher = Dispatcher::new(DispatcherConfig::default(), &token);
+    let dispatcher = Dispatcher::new(cfg.dispatcher.clone(), &token);
     let mut addresses = cfg.nodes.clone();
     if let Some(n) = &embedded {
         addresses.push(n.address.to_string());
@@ -106,11 +172,29 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             .await?;
     }
 
-    let server = HttpServer::new(|| App::new().configure(crate::e2b::configure))
-        .workers(2)
-        .disable_signals()
-        .bind(&cfg.e2b_listen)
-        .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
+    let metrics = Metrics::new()?;
+    let state = web::Data::new(E2b {
+        dispatcher: dispatcher.clone(),
+        tokens,
+        domain: cfg.e2b_domain.clone(),
+        idempotency: Default::default(),
+    });
+    let keys = web::Data::new(keys);
+    let metrics_data = web::Data::new(metrics.clone());
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(keys.clone())
+            .app_data(metrics_data.clone())
+            .wrap(e2b::json_errors())
+            .wrap_fn(observe::observed(metrics.clone(), "e2b"))
+            .route("/metrics", web::get().to(metrics_route))
+            .configure(e2b::configure)
+    })
+    .workers(2)
+    .disable_signals()
+    .bind(&cfg.e2b_listen)
+    .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
     let e2b_addr = server
         .addrs()
         .first()
@@ -123,7 +207,12 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     println!("sandbox-gateway {}", env!("CARGO_PKG_VERSION"));
     println!("e2b API listening on http://{e2b_addr}");
     println!("  export E2B_API_URL=http://{e2b_addr}");
-    println!("  health: curl -i http://{e2b_addr}/health");
+    for note in key_notes {
+        println!("{note}");
+    }
+    println!(
+        "  health: curl -i http://{e2b_addr}/health   metrics: /metrics   OpenAPI: /openapi.json"
+    );
     match &embedded {
         Some(n) => println!(
             "embedded node {:?} on {} (data in {})",
@@ -148,4 +237,16 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         n.stop().await?;
     }
     Ok(())
+}
+
+/// `sandbox-gateway keys create`: appends a new key for `namespace` (stored as its SHA-256) and
+/// returns the key, which is shown once.
+pub fn create_key(file: &Path, namespace: &str) -> Result<String> {
+    let key = auth::new_key();
+    let note = format!(
+        "created {} for namespace {namespace}",
+        chrono::Utc::now().to_rfc3339()
+    );
+    auth::append_key(file, &auth::hashed(&key), namespace, &note)?;
+    Ok(key)
 }

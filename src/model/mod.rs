@@ -13,6 +13,6 @@ pub use lease::LeasePolicy;
 pub use pool::{PoolKey, PoolTarget, SizeTier};
 pub use sandbox::{
     CheckpointFilter, CheckpointRecord, DEFAULT_NAMESPACE, InventoryChange, InventoryEvent,
-    LostClaim, NodeInfo, NodeLimits, Phase, PoolStatus, SandboxRecord, SandboxStats, claim_ref,
-    split_claim_ref,
+    LostClaim, NodeInfo, NodeLimits, Phase, PoolStatus, SandboxRecord, SandboxStats, TemplateUsage,
+    claim_ref, split_claim_ref,
 };

@@ -50,6 +50,8 @@ pub struct SandboxRecord {
     pub memory_bytes: u64,
     /// Where the instance's state lives on its node.
     pub state_dir: String,
+    /// Disk the sandbox can use (the capacity of the file system holding its state).
+    pub disk_bytes: u64,
 }
 
 impl SandboxRecord {
@@ -191,6 +193,15 @@ pub struct NodeInfo {
     pub runtime: String,
     pub version: String,
     pub started_at: DateTime<Utc>,
+    pub disk_bytes: u64,
+    pub usage: Vec<TemplateUsage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateUsage {
+    pub template: String,
+    pub claims: u64,
+    pub last_claim: Option<DateTime<Utc>>,
 }
 
 impl NodeInfo {

@@ -73,6 +73,8 @@ pub(crate) struct State<H> {
     pools: BTreeMap<PoolKey, Pool<H>>,
     checkpoints: HashMap<String, CheckpointRecord>,
     lost: VecDeque<LostClaim>,
+    /// Claims served per template: count and last time.
+    usage: BTreeMap<String, (u64, DateTime<Utc>)>,
     revision: u64,
     /// Instances being booted for claims, forks and branches (pool refills count in `Pool`).
     booting_for_claims: u32,
@@ -119,6 +121,8 @@ pub(crate) struct Inner<R: Runtime> {
     tasks: TaskTracker,
     shutdown: CancellationToken,
     started_at: DateTime<Utc>,
+    /// Capacity of the file system holding the sandboxes, read at start.
+    disk_bytes: u64,
     _lock: runtime::sys::DirLock,
 }
 
@@ -262,6 +266,7 @@ impl<R: Runtime> Node<R> {
         }
 
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let paths_root = paths.root.clone();
         let inner = Arc::new(Inner {
             paths,
             runtime,
@@ -270,6 +275,7 @@ impl<R: Runtime> Node<R> {
                 pools,
                 checkpoints,
                 lost,
+                usage: BTreeMap::new(),
                 revision: 0,
                 booting_for_claims: 0,
                 closing: false,
@@ -282,6 +288,7 @@ impl<R: Runtime> Node<R> {
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             started_at: Utc::now(),
+            disk_bytes: crate::fsx::filesystem_capacity(&paths_root).unwrap_or(0),
             _lock: lock.0,
             cfg,
         });
@@ -388,6 +395,7 @@ impl<R: Runtime> Node<R> {
             cpu_count: tier.cpu_count,
             memory_bytes: tier.memory_bytes,
             state_dir: inst.dir.display().to_string(),
+            disk_bytes: self.inner.disk_bytes,
             id,
         }
     }
@@ -403,6 +411,12 @@ impl<R: Runtime> Node<R> {
             &self.inner.events,
             InventoryChange::Added(record.clone().without_token()),
         );
+        let used = st
+            .usage
+            .entry(record.key.template.clone())
+            .or_insert((0, record.claimed_at));
+        used.0 += 1;
+        used.1 = record.claimed_at;
         st.claims.insert(
             record.id.clone(),
             Claim {
@@ -501,6 +515,16 @@ impl<R: Runtime> Node<R> {
             runtime: self.inner.runtime.name().to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: self.inner.started_at,
+            disk_bytes: self.inner.disk_bytes,
+            usage: st
+                .usage
+                .iter()
+                .map(|(t, (n, at))| model::TemplateUsage {
+                    template: t.clone(),
+                    claims: *n,
+                    last_claim: Some(*at),
+                })
+                .collect(),
         }
     }
 

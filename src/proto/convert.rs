@@ -129,6 +129,7 @@ impl From<&model::SandboxRecord> for super::Sandbox {
             cpu_count: r.cpu_count,
             memory_bytes: r.memory_bytes,
             state_dir: r.state_dir.clone(),
+            disk_bytes: r.disk_bytes,
         }
     }
 }
@@ -160,6 +161,7 @@ impl From<super::Sandbox> for model::SandboxRecord {
             cpu_count: s.cpu_count,
             memory_bytes: s.memory_bytes,
             state_dir: s.state_dir,
+            disk_bytes: s.disk_bytes,
         }
     }
 }
@@ -272,6 +274,16 @@ impl From<&model::NodeInfo> for super::NodeInfo {
             runtime: i.runtime.clone(),
             version: i.version.clone(),
             started_at_ms: to_ms(i.started_at),
+            disk_bytes: i.disk_bytes,
+            usage: i
+                .usage
+                .iter()
+                .map(|u| super::TemplateUsage {
+                    template: u.template.clone(),
+                    claims: u.claims,
+                    last_claim_ms: u.last_claim.map(to_ms).unwrap_or(0),
+                })
+                .collect(),
         }
     }
 }
@@ -310,6 +322,16 @@ impl From<super::NodeInfo> for model::NodeInfo {
                 })
                 .collect(),
             started_at: from_ms(i.started_at_ms),
+            disk_bytes: i.disk_bytes,
+            usage: i
+                .usage
+                .into_iter()
+                .map(|u| model::TemplateUsage {
+                    last_claim: (u.last_claim_ms != 0).then(|| from_ms(u.last_claim_ms)),
+                    template: u.template,
+                    claims: u.claims,
+                })
+                .collect(),
             name: i.name,
             advertise_address: i.advertise_address,
             claimed: i.claimed,

@@ -1,0 +1,116 @@
+//! From the dispatcher's records to the e2b wire shapes.
+
+use super::E2b;
+use super::error::ApiResult;
+use super::wire;
+use crate::agent::ENVD_VERSION;
+use crate::model::{CheckpointRecord, Phase, SandboxRecord, SandboxStats, ids};
+
+const MIB: u64 = 1024 * 1024;
+
+/// The id the e2b surface publishes: DNS-label safe, because the SDK builds
+/// `{port}-{sandboxID}.{domain}` host names from it.
+pub fn sandbox_id(record: &SandboxRecord) -> String {
+    ids::dns_safe(&record.id)
+}
+
+/// What the sandbox was created from: a snapshot id, or the template name.
+pub fn template_id(record: &SandboxRecord) -> String {
+    record
+        .from_checkpoint
+        .clone()
+        .unwrap_or_else(|| record.key.template.clone())
+}
+
+pub fn state(record: &SandboxRecord) -> &'static str {
+    match record.phase {
+        Phase::Running => "running",
+        Phase::Paused => "paused",
+    }
+}
+
+impl E2b {
+    fn access_token(&self, record: &SandboxRecord) -> ApiResult<Option<String>> {
+        if record.token.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.tokens.issue(&record.id, &record.token)?))
+    }
+
+    pub fn sandbox(&self, record: &SandboxRecord) -> ApiResult<wire::Sandbox> {
+        Ok(wire::Sandbox {
+            template_id: template_id(record),
+            sandbox_id: sandbox_id(record),
+            client_id: record.node.clone(),
+            envd_version: ENVD_VERSION.to_string(),
+            envd_access_token: self.access_token(record)?,
+            domain: self.domain.clone(),
+        })
+    }
+
+    pub fn detail(&self, record: &SandboxRecord) -> ApiResult<wire::SandboxDetail> {
+        Ok(wire::SandboxDetail {
+            template_id: template_id(record),
+            sandbox_id: sandbox_id(record),
+            client_id: record.node.clone(),
+            started_at: record.claimed_at,
+            end_at: record.deadline,
+            cpu_count: record.cpu_count,
+            memory_mb: record.memory_bytes / MIB,
+            disk_size_mb: record.disk_bytes / MIB,
+            state: state(record),
+            envd_version: ENVD_VERSION.to_string(),
+            envd_access_token: self.access_token(record)?,
+            domain: self.domain.clone(),
+            metadata: record.metadata.clone(),
+            allow_internet_access: record.key.net == "egress",
+            lifecycle: wire::Lifecycle {
+                auto_resume: false,
+                on_timeout: "kill",
+            },
+        })
+    }
+}
+
+pub fn listed(record: &SandboxRecord) -> wire::ListedSandbox {
+    wire::ListedSandbox {
+        template_id: template_id(record),
+        sandbox_id: sandbox_id(record),
+        client_id: record.node.clone(),
+        started_at: record.claimed_at,
+        end_at: record.deadline,
+        cpu_count: record.cpu_count,
+        memory_mb: record.memory_bytes / MIB,
+        disk_size_mb: record.disk_bytes / MIB,
+        state: state(record),
+        envd_version: ENVD_VERSION.to_string(),
+        metadata: record.metadata.clone(),
+    }
+}
+
+pub fn metric(stats: &SandboxStats) -> wire::SandboxMetric {
+    wire::SandboxMetric {
+        timestamp: stats.measured_at,
+        timestamp_unix: stats.measured_at.timestamp(),
+        cpu_count: stats.cpu_count,
+        cpu_used_pct: stats.cpu_used_pct,
+        mem_used: stats.mem_used_bytes,
+        mem_total: stats.mem_total_bytes,
+        mem_cache: 0,
+        disk_used: stats.disk_used_bytes,
+        disk_total: stats.disk_total_bytes,
+    }
+}
+
+/// A snapshot as its tenant sees it: the name without the `<namespace>/` stamp.
+pub fn snapshot(ck: &CheckpointRecord, prefix: &str) -> wire::SnapshotInfo {
+    let name = ck.name.strip_prefix(prefix).unwrap_or(&ck.name);
+    wire::SnapshotInfo {
+        snapshot_id: ck.id.clone(),
+        names: if name.is_empty() {
+            Vec::new()
+        } else {
+            vec![name.to_string()]
+        },
+    }
+}

@@ -1,0 +1,786 @@
+//! Sandbox routes: create, get, list, kill, timeout/refresh, pause, connect/resume, fork,
+//! snapshots and metrics.
+
+use std::collections::BTreeMap;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::Utc;
+use rand::Rng;
+
+use super::auth::Tenant;
+use super::body::{Body, OptionalBody};
+use super::error::{ApiError, ApiResult, ErrorBody};
+use super::idempotency::{self, Begin, Outcome};
+use super::listing::{self, Cursor, Order};
+use super::render;
+use super::{E2b, wire};
+use crate::dispatch::ClaimRequest;
+use crate::model::{self, CheckpointFilter, Phase, PoolKey, ids};
+
+/// Lifetime of a sandbox created without a timeout on each API version.
+pub const DEFAULT_TIMEOUT_V2: i64 = 300;
+pub const DEFAULT_TIMEOUT_V1: i64 = 15;
+/// Default lifetime of fork children, as the e2b API documents it.
+pub const DEFAULT_FORK_TIMEOUT: i64 = 15;
+/// Refreshes never set less than this.
+pub const MIN_REFRESH: i64 = 15;
+/// Lifetime a deprecated resume asks for when it names none.
+pub const DEFAULT_RESUME_TIMEOUT: i64 = 15;
+
+type Data = web::Data<E2b>;
+
+fn ok_json<T: serde::Serialize>(status: StatusCode, body: &T) -> HttpResponse {
+    HttpResponse::build(status).json(body)
+}
+
+/// Checks a lifetime in seconds: positive and within what the nodes grant.
+fn lifetime(e2b: &E2b, what: &str, seconds: i64) -> ApiResult<u64> {
+    if seconds <= 0 {
+        return Err(ApiError::bad_request(format!(
+            "{what} must be greater than 0, got {seconds}"
+        )));
+    }
+    let seconds = seconds as u64;
+    if let Some(max) = e2b.dispatcher.max_lease_seconds()
+        && seconds > max
+    {
+        return Err(ApiError::bad_request(format!(
+            "{what} cannot be greater than {max} seconds ({} hours)",
+            max / 3600
+        )));
+    }
+    Ok(seconds)
+}
+
+/// A name for an e2b sandbox in its namespace (the Kubernetes facade shows it under this).
+fn e2b_name() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..8)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("e2b-{suffix}")
+}
+
+fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {
+    let refuse = |what: &str| {
+        Err(ApiError::bad_request(format!(
+            "{what} is not supported by this gateway"
+        )))
+    };
+    if req.auto_pause == Some(true) {
+        return refuse("autoPause (pausing at the end of the lease instead of killing)");
+    }
+    if req
+        .auto_resume
+        .as_ref()
+        .and_then(|v| v.get("enabled"))
+        .and_then(|v| v.as_bool())
+        == Some(true)
+    {
+        return refuse("autoResume");
+    }
+    if req.secure == Some(false) {
+        return refuse("secure: false (every sandbox gets an envd access token)");
+    }
+    if req
+        .network
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty()))
+    {
+        return refuse("network configuration");
+    }
+    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return refuse("volumeMounts");
+    }
+    if req.mcp.as_ref().is_some_and(|v| !v.is_null()) {
+        return refuse("mcp");
+    }
+    if req.iam.as_ref().is_some_and(|v| !v.is_null()) {
+        return refuse("iam");
+    }
+    Ok(())
+}
+
+async fn create(
+    e2b: &E2b,
+    tenant: &Tenant,
+    req: wire::NewSandbox,
+    default_timeout: i64,
+) -> ApiResult<wire::Sandbox> {
+    let template = req
+        .template_id
+        .clone()
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ApiError::bad_request("templateID is required"))?;
+    let ttl = lifetime(e2b, "Timeout", req.timeout.unwrap_or(default_timeout))?;
+    refuse_unsupported(&req)?;
+    let net = if req.allow_internet_access == Some(true) {
+        "egress"
+    } else {
+        "none"
+    };
+    let metadata = req.metadata.unwrap_or_default();
+    let env_vars = req.env_vars.unwrap_or_default();
+    model::sandbox::validate_string_map("metadata", &metadata)?;
+    model::sandbox::validate_string_map("envVars", &env_vars)?;
+    let claim = |key: PoolKey| ClaimRequest {
+        namespace: tenant.namespace.clone(),
+        name: e2b_name(),
+        key,
+        ttl_seconds: ttl,
+        metadata: metadata.clone(),
+        env_vars: env_vars.clone(),
+    };
+    let claimed = if ids::is_checkpoint_id(&template) {
+        let prefix = model::stamped_name(&tenant.namespace, "");
+        let base = PoolKey::base();
+        e2b.dispatcher
+            .claim_from_checkpoint(&template, &prefix, claim(base))
+            .await?
+    } else {
+        let key = PoolKey::new(&template, net, "")
+            .map_err(|e| ApiError::bad_request(format!("templateID: {}", e.message)))?;
+        e2b.dispatcher.claim(claim(key)).await.map_err(|e| {
+            if e.kind == model::ErrorKind::NotFound {
+                ApiError::not_found(format!("template {template:?} not found"))
+            } else {
+                e.into()
+            }
+        })?
+    };
+    e2b.sandbox(&claimed.record)
+}
+
+async fn create_route(
+    e2b: Data,
+    tenant: Tenant,
+    http: HttpRequest,
+    body: Body<serde_json::Value>,
+    default_timeout: i64,
+) -> ApiResult<HttpResponse> {
+    let value = body.0;
+    let req: wire::NewSandbox = serde_json::from_value(value.clone())
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    let key = http
+        .headers()
+        .get("Idempotency-Key")
+        .map(|v| v.to_str().map(str::to_string))
+        .transpose()
+        .map_err(|_| ApiError::bad_request("Idempotency-Key must be ASCII"))?;
+    let Some(key) = key else {
+        let sandbox = create(&e2b, &tenant, req, default_timeout).await?;
+        return Ok(ok_json(StatusCode::CREATED, &sandbox));
+    };
+    idempotency::validate(&key)?;
+    let fp = idempotency::fingerprint(http.path(), &value);
+    match e2b.idempotency.begin(&tenant.namespace, &key, fp)? {
+        Begin::Replay(Outcome::Created(sandbox)) => Ok(ok_json(StatusCode::CREATED, &sandbox)),
+        Begin::Replay(Outcome::Failed(e)) => Err(e),
+        Begin::Run(ticket) => {
+            let outcome = create(&e2b, &tenant, req, default_timeout).await;
+            e2b.idempotency.finish(ticket, &outcome);
+            Ok(ok_json(StatusCode::CREATED, &outcome?))
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v2/sandboxes", tag = "sandboxes",
+    request_body = wire::NewSandbox,
+    params(("Idempotency-Key" = Option<String>, Header, description = "replays return the same sandbox")),
+    responses((status = 201, body = wire::Sandbox), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody, description = "no node has capacity; Retry-After"),
+        (status = 504, body = ErrorBody, description = "outcome unknown; Should-Retry: false")),
+    security(("ApiKeyAuth" = [])))]
+pub async fn create_v2(
+    e2b: Data,
+    tenant: Tenant,
+    http: HttpRequest,
+    body: Body<serde_json::Value>,
+) -> ApiResult<HttpResponse> {
+    create_route(e2b, tenant, http, body, DEFAULT_TIMEOUT_V2).await
+}
+
+#[utoipa::path(post, path = "/sandboxes", tag = "sandboxes", request_body = wire::NewSandbox,
+    responses((status = 201, body = wire::Sandbox), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn create_v1(
+    e2b: Data,
+    tenant: Tenant,
+    http: HttpRequest,
+    body: Body<serde_json::Value>,
+) -> ApiResult<HttpResponse> {
+    create_route(e2b, tenant, http, body, DEFAULT_TIMEOUT_V1).await
+}
+
+#[utoipa::path(get, path = "/sandboxes/{sandboxID}", tag = "sandboxes",
+    params(("sandboxID" = String, Path)),
+    responses((status = 200, body = wire::SandboxDetail), (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn get(e2b: Data, tenant: Tenant, id: web::Path<String>) -> ApiResult<HttpResponse> {
+    let record = e2b.dispatcher.get(tenant.scope(), &id).await?;
+    Ok(ok_json(StatusCode::OK, &e2b.detail(&record)?))
+}
+
+#[utoipa::path(delete, path = "/sandboxes/{sandboxID}", tag = "sandboxes",
+    params(("sandboxID" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn kill(e2b: Data, tenant: Tenant, id: web::Path<String>) -> ApiResult<HttpResponse> {
+    e2b.dispatcher.release(tenant.scope(), &id).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+fn sandbox_key(r: &std::sync::Arc<model::SandboxRecord>) -> (i64, &str) {
+    (r.claimed_at.timestamp_millis(), r.id.as_str())
+}
+
+fn checkpoint_key(c: &model::CheckpointRecord) -> (i64, &str) {
+    (c.created_at.timestamp_millis(), c.id.as_str())
+}
+
+fn query_value<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// Filters of a sandbox listing.
+struct SandboxFilter {
+    states: Option<Vec<Phase>>,
+    metadata: BTreeMap<String, String>,
+    template: Option<String>,
+    started_after: Option<chrono::DateTime<Utc>>,
+}
+
+fn sandbox_filter(q: &[(String, String)]) -> ApiResult<SandboxFilter> {
+    let mut states: Option<Vec<Phase>> = None;
+    for (k, v) in q.iter().filter(|(k, _)| k == "state") {
+        let _ = k;
+        for s in v.split(',').filter(|s| !s.is_empty()) {
+            let phase = match s {
+                "running" => Phase::Running,
+                "paused" => Phase::Paused,
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "state must be running or paused, got {other:?}"
+                    )));
+                }
+            };
+            states.get_or_insert_with(Vec::new).push(phase);
+        }
+    }
+    Ok(SandboxFilter {
+        states,
+        metadata: match query_value(q, "metadata") {
+            Some(m) => listing::parse_metadata(m)?,
+            None => BTreeMap::new(),
+        },
+        template: query_value(q, "template").map(str::to_string),
+        started_after: query_value(q, "startedAfter")
+            .map(|t| listing::parse_time("startedAfter", t))
+            .transpose()?,
+    })
+}
+
+impl SandboxFilter {
+    fn keeps(&self, r: &model::SandboxRecord) -> bool {
+        self.states.as_ref().is_none_or(|s| s.contains(&r.phase))
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| r.metadata.get(k) == Some(v))
+            && self
+                .template
+                .as_ref()
+                .is_none_or(|t| *t == render::template_id(r) || *t == r.key.template)
+            && self.started_after.is_none_or(|t| r.claimed_at > t)
+    }
+}
+
+#[utoipa::path(get, path = "/v2/sandboxes", tag = "sandboxes",
+    params(("state" = Option<String>, Query, description = "running,paused"),
+        ("metadata" = Option<String>, Query), ("template" = Option<String>, Query),
+        ("startedAfter" = Option<String>, Query), ("limit" = Option<u32>, Query),
+        ("order" = Option<String>, Query), ("nextToken" = Option<String>, Query)),
+    responses((status = 200, body = [wire::ListedSandbox],
+        headers(("X-Next-Token" = String, description = "absent on the last page"))),
+        (status = 400, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn list_v2(
+    e2b: Data,
+    tenant: Tenant,
+    q: web::Query<Vec<(String, String)>>,
+) -> ApiResult<HttpResponse> {
+    let filter = sandbox_filter(&q)?;
+    let limit = listing::parse_limit(query_value(&q, "limit"))?;
+    let order = listing::parse_order(query_value(&q, "order"))?;
+    let after = query_value(&q, "nextToken")
+        .filter(|t| !t.is_empty())
+        .map(Cursor::decode)
+        .transpose()?;
+    let (mut records, _) = e2b.dispatcher.list(tenant.scope());
+    records.retain(|r| filter.keeps(r));
+    records.sort_by_key(|r| (r.claimed_at, r.id.clone()));
+    if order == Order::Desc {
+        records.reverse();
+    }
+    let (page, next) = listing::page(records, sandbox_key, order, after.as_ref(), limit);
+    let body: Vec<wire::ListedSandbox> = page.iter().map(|r| render::listed(r)).collect();
+    let mut res = HttpResponse::Ok();
+    if let Some(t) = next {
+        res.insert_header(("X-Next-Token", t));
+    }
+    Ok(res.json(body))
+}
+
+#[utoipa::path(get, path = "/sandboxes", tag = "sandboxes",
+    params(("metadata" = Option<String>, Query)),
+    responses((status = 200, body = [wire::ListedSandbox], description = "running sandboxes")),
+    security(("ApiKeyAuth" = [])))]
+pub async fn list_v1(
+    e2b: Data,
+    tenant: Tenant,
+    q: web::Query<Vec<(String, String)>>,
+) -> ApiResult<HttpResponse> {
+    let mut filter = sandbox_filter(&q)?;
+    filter.states = Some(vec![Phase::Running]);
+    let (mut records, _) = e2b.dispatcher.list(tenant.scope());
+    records.retain(|r| filter.keeps(r));
+    records.sort_by_key(|r| std::cmp::Reverse((r.claimed_at, r.id.clone())));
+    let body: Vec<wire::ListedSandbox> = records.iter().map(|r| render::listed(r)).collect();
+    Ok(ok_json(StatusCode::OK, &body))
+}
+
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/timeout", tag = "sandboxes",
+    params(("sandboxID" = String, Path)), request_body = wire::TimeoutRequest,
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn set_timeout(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: Body<wire::TimeoutRequest>,
+) -> ApiResult<HttpResponse> {
+    let t = body
+        .0
+        .timeout
+        .ok_or_else(|| ApiError::bad_request("timeout is required"))?;
+    let ttl = lifetime(&e2b, "timeout", t)?;
+    e2b.dispatcher.renew(tenant.scope(), &id, ttl, true).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/refreshes", tag = "sandboxes",
+    params(("sandboxID" = String, Path)), request_body = wire::RefreshRequest,
+    responses((status = 204), (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn refresh(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: OptionalBody<wire::RefreshRequest>,
+) -> ApiResult<HttpResponse> {
+    let d = body.0.duration.unwrap_or(MIN_REFRESH).max(MIN_REFRESH);
+    let ttl = lifetime(&e2b, "duration", d)?;
+    e2b.dispatcher
+        .renew(tenant.scope(), &id, ttl, false)
+        .await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/pause", tag = "sandboxes",
+    params(("sandboxID" = String, Path)), request_body = wire::PauseRequest,
+    responses((status = 204), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "already paused")),
+    security(("ApiKeyAuth" = [])))]
+pub async fn pause(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: OptionalBody<wire::PauseRequest>,
+) -> ApiResult<HttpResponse> {
+    if body.0.memory == Some(false) {
+        return Err(ApiError::bad_request(
+            "a filesystem-only pause (memory: false) is not supported: pausing freezes the sandbox's processes in memory",
+        ));
+    }
+    let (record, changed) = e2b.dispatcher.set_paused(tenant.scope(), &id, true).await?;
+    if !changed {
+        return Err(ApiError::conflict(format!(
+            "sandbox {} is already paused",
+            render::sandbox_id(&record)
+        )));
+    }
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Resumes a paused sandbox (answering 201) or keeps a running one (200), then extends its
+/// lease to at least `timeout` seconds; a lease is never shortened here.
+async fn connect(
+    e2b: &E2b,
+    tenant: &Tenant,
+    id: &str,
+    timeout: i64,
+    memory: Option<bool>,
+    running_is_conflict: bool,
+) -> ApiResult<HttpResponse> {
+    if memory == Some(false) {
+        return Err(ApiError::bad_request(
+            "restarting from disk (memory: false) is not supported: resuming thaws the paused processes",
+        ));
+    }
+    let ttl = lifetime(e2b, "timeout", timeout)?;
+    let current = e2b.dispatcher.get(tenant.scope(), id).await?;
+    let (record, status) = if current.phase == Phase::Paused {
+        let (record, _) = e2b.dispatcher.set_paused(tenant.scope(), id, false).await?;
+        (record, StatusCode::CREATED)
+    } else if running_is_conflict {
+        return Err(ApiError::conflict(format!(
+            "sandbox {} is already running",
+            render::sandbox_id(&current)
+        )));
+    } else {
+        (current, StatusCode::OK)
+    };
+    e2b.dispatcher.renew(tenant.scope(), id, ttl, false).await?;
+    Ok(ok_json(status, &e2b.sandbox(&record)?))
+}
+
+#[utoipa::path(post, path = "/v2/sandboxes/{sandboxID}/connect", tag = "sandboxes",
+    params(("sandboxID" = String, Path)), request_body = wire::ConnectRequest,
+    responses((status = 200, body = wire::Sandbox, description = "was running"),
+        (status = 201, body = wire::Sandbox, description = "resumed"),
+        (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn connect_v2(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: OptionalBody<wire::ConnectRequest>,
+) -> ApiResult<HttpResponse> {
+    let b = body.0;
+    connect(
+        &e2b,
+        &tenant,
+        &id,
+        b.timeout.unwrap_or(DEFAULT_TIMEOUT_V2),
+        b.memory,
+        false,
+    )
+    .await
+}
+
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/connect", tag = "sandboxes",
+    params(("sandboxID" = String, Path)), request_body = wire::ConnectRequest,
+    responses((status = 200, body = wire::Sandbox), (status = 201, body = wire::Sandbox),
+        (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn connect_v1(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: Body<wire::ConnectRequest>,
+) -> ApiResult<HttpResponse> {
+    let b = body.0;
+    let timeout = b
+        .timeout
+        .ok_or_else(|| ApiError::bad_request("timeout is required"))?;
+    connect(&e2b, &tenant, &id, timeout, b.memory, false).await
+}
+
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/resume", tag = "sandboxes",
+    params(("sandboxID" = String, Path)), request_body = wire::ResumeRequest,
+    responses((status = 201, body = wire::Sandbox), (status = 409, body = ErrorBody, description = "already running"),
+        (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn resume(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: OptionalBody<wire::ResumeRequest>,
+) -> ApiResult<HttpResponse> {
+    let b = body.0;
+    if b.auto_pause == Some(true) {
+        return Err(ApiError::bad_request(
+            "autoPause is not supported by this gateway",
+        ));
+    }
+    let timeout = b.timeout.unwrap_or(DEFAULT_RESUME_TIMEOUT);
+    connect(&e2b, &tenant, &id, timeout, b.memory, true).await
+}
+
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/fork", tag = "sandboxes",
+    params(("sandboxID" = String, Path)), request_body = wire::ForkRequest,
+    responses((status = 201, body = [wire::ForkResult]), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn fork(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: OptionalBody<wire::ForkRequest>,
+) -> ApiResult<HttpResponse> {
+    let b = body.0;
+    let count = b.count.unwrap_or(1);
+    if count < 1 {
+        return Err(ApiError::bad_request(format!(
+            "count must be at least 1, got {count}"
+        )));
+    }
+    let count = u32::try_from(count)
+        .map_err(|_| ApiError::bad_request(format!("count {count} is too large")))?;
+    let ttl = lifetime(&e2b, "timeout", b.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT))?;
+    let children = e2b.dispatcher.fork(tenant.scope(), &id, count, ttl).await?;
+    let results = children
+        .iter()
+        .map(|c| {
+            Ok(wire::ForkResult {
+                sandbox: Some(e2b.sandbox(c)?),
+                error: None,
+            })
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(ok_json(StatusCode::CREATED, &results))
+}
+
+#[utoipa::path(post, path = "/sandboxes/{sandboxID}/snapshots", tag = "snapshots",
+    params(("sandboxID" = String, Path)), request_body = wire::SnapshotRequest,
+    responses((status = 201, body = wire::SnapshotInfo), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn snapshot(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    body: OptionalBody<wire::SnapshotRequest>,
+) -> ApiResult<HttpResponse> {
+    let b = body.0;
+    if b.memory == Some(true) {
+        return Err(ApiError::bad_request(
+            "memory snapshots are not supported: a snapshot captures the sandbox's files; omit memory or set it to false",
+        ));
+    }
+    let name = b.name.unwrap_or_default();
+    let stamped = model::stamped_name(&tenant.namespace, &name);
+    if stamped.len() > model::MAX_CHECKPOINT_NAME {
+        let room = model::MAX_CHECKPOINT_NAME.saturating_sub(tenant.namespace.len() + 1);
+        return Err(ApiError::bad_request(format!(
+            "snapshot name {name:?}: at most {room} characters in namespace {:?}",
+            tenant.namespace
+        )));
+    }
+    if !name.is_empty() {
+        model::validate_checkpoint_name(&stamped).map_err(|_| {
+            ApiError::bad_request(format!(
+                "snapshot name {name:?} must contain only letters, digits and . _ : / -"
+            ))
+        })?;
+    }
+    // A snapshot is taken in the tenant's namespace whatever the sandbox's (an admin key may
+    // snapshot any sandbox, and the snapshot is then the admin's).
+    let ck = e2b
+        .dispatcher
+        .create_checkpoint(tenant.scope(), &id, &stamped)
+        .await?;
+    let prefix = model::stamped_name(&tenant.namespace, "");
+    Ok(ok_json(
+        StatusCode::CREATED,
+        &render::snapshot(&ck, &prefix),
+    ))
+}
+
+#[utoipa::path(get, path = "/snapshots", tag = "snapshots",
+    params(("sandboxID" = Option<String>, Query), ("name" = Option<String>, Query),
+        ("limit" = Option<u32>, Query), ("nextToken" = Option<String>, Query)),
+    responses((status = 200, body = [wire::SnapshotInfo],
+        headers(("X-Next-Token" = String, description = "absent on the last page")))),
+    security(("ApiKeyAuth" = [])))]
+pub async fn list_snapshots(
+    e2b: Data,
+    tenant: Tenant,
+    q: web::Query<Vec<(String, String)>>,
+) -> ApiResult<HttpResponse> {
+    let prefix = model::stamped_name(&tenant.namespace, "");
+    let limit = listing::parse_limit(query_value(&q, "limit"))?;
+    let after = query_value(&q, "nextToken")
+        .filter(|t| !t.is_empty())
+        .map(Cursor::decode)
+        .transpose()?;
+    let sandbox_id = match query_value(&q, "sandboxID").filter(|s| !s.is_empty()) {
+        // An id that is not a sandbox id matches nothing.
+        Some(s) => ids::canonical_claim_id(s).unwrap_or_else(|| format!("invalid:{s}")),
+        None => String::new(),
+    };
+    let filter = CheckpointFilter {
+        name_prefix: prefix.clone(),
+        sandbox_id,
+        id: String::new(),
+    };
+    let listing = e2b.dispatcher.list_checkpoints(&filter).await;
+    if !listing.unreachable.is_empty() {
+        tracing::warn!(nodes = ?listing.unreachable, "snapshot listing is missing unreachable nodes");
+    }
+    let name = query_value(&q, "name");
+    let mut cks = listing.checkpoints;
+    cks.retain(|c| name.is_none_or(|n| c.name.strip_prefix(&prefix) == Some(n)));
+    let (page, next) = listing::page(cks, checkpoint_key, Order::Desc, after.as_ref(), limit);
+    let body: Vec<wire::SnapshotInfo> = page.iter().map(|c| render::snapshot(c, &prefix)).collect();
+    let mut res = HttpResponse::Ok();
+    if let Some(t) = next {
+        res.insert_header(("X-Next-Token", t));
+    }
+    Ok(res.json(body))
+}
+
+#[utoipa::path(delete, path = "/templates/{templateID}", tag = "snapshots",
+    params(("templateID" = String, Path, description = "a snapshot id")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn delete_template(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+) -> ApiResult<HttpResponse> {
+    let id = id.into_inner();
+    if ids::is_checkpoint_id(&id) {
+        let prefix = model::stamped_name(&tenant.namespace, "");
+        e2b.dispatcher.delete_checkpoint(&id, &prefix).await?;
+        return Ok(HttpResponse::NoContent().finish());
+    }
+    if e2b.dispatcher.pools().keys().any(|k| k.template == id) {
+        return Err(ApiError::bad_request(format!(
+            "template {id:?} comes from node configuration and cannot be deleted through the API"
+        )));
+    }
+    Err(ApiError::not_found(format!("template {id:?} not found")))
+}
+
+fn within(q: &[(String, String)], now: i64) -> ApiResult<bool> {
+    let bound = |name: &str| -> ApiResult<Option<i64>> {
+        query_value(q, name)
+            .map(|v| {
+                v.parse::<i64>().map_err(|_| {
+                    ApiError::bad_request(format!("{name} must be a Unix time in seconds"))
+                })
+            })
+            .transpose()
+    };
+    let (start, end) = (bound("start")?, bound("end")?);
+    Ok(start.is_none_or(|s| s <= now) && end.is_none_or(|e| now <= e))
+}
+
+#[utoipa::path(get, path = "/sandboxes/{sandboxID}/metrics", tag = "sandboxes",
+    params(("sandboxID" = String, Path), ("start" = Option<i64>, Query), ("end" = Option<i64>, Query)),
+    responses((status = 200, body = [wire::SandboxMetric], description = "the current measurement"),
+        (status = 404, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn metrics(
+    e2b: Data,
+    tenant: Tenant,
+    id: web::Path<String>,
+    q: web::Query<Vec<(String, String)>>,
+) -> ApiResult<HttpResponse> {
+    let stats = e2b.dispatcher.stats(tenant.scope(), &id).await?;
+    let samples = if within(&q, stats.measured_at.timestamp())? {
+        vec![render::metric(&stats)]
+    } else {
+        Vec::new()
+    };
+    Ok(ok_json(StatusCode::OK, &samples))
+}
+
+/// Most sandboxes one batch metrics call may name.
+pub const MAX_METRICS_IDS: usize = 100;
+
+#[utoipa::path(get, path = "/sandboxes/metrics", tag = "sandboxes",
+    params(("sandbox_ids" = String, Query, description = "comma-separated, at most 100")),
+    responses((status = 200, body = wire::SandboxesWithMetrics), (status = 400, body = ErrorBody)),
+    security(("ApiKeyAuth" = [])))]
+pub async fn metrics_batch(
+    e2b: Data,
+    tenant: Tenant,
+    q: web::Query<Vec<(String, String)>>,
+) -> ApiResult<HttpResponse> {
+    let ids: Vec<&str> = q
+        .iter()
+        .filter(|(k, _)| k == "sandbox_ids")
+        .flat_map(|(_, v)| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if ids.is_empty() {
+        return Err(ApiError::bad_request("sandbox_ids is required"));
+    }
+    if ids.len() > MAX_METRICS_IDS {
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_METRICS_IDS} sandbox_ids, got {}",
+            ids.len()
+        )));
+    }
+    let asks = ids.iter().map(|id| {
+        let d = &e2b.dispatcher;
+        let scope = tenant.scope();
+        async move { (id.to_string(), d.stats(scope, id).await) }
+    });
+    let mut sandboxes = BTreeMap::new();
+    for (id, r) in futures::future::join_all(asks).await {
+        match r {
+            Ok(s) => {
+                sandboxes.insert(id, render::metric(&s));
+            }
+            Err(e) if e.kind == model::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(ok_json(
+        StatusCode::OK,
+        &wire::SandboxesWithMetrics { sandboxes },
+    ))
+}
+
+/// Routes the SDKs know that this gateway does not serve: a clear JSON error, never a fake
+/// success.
+pub async fn not_supported(req: HttpRequest) -> ApiResult<HttpResponse> {
+    Err(ApiError::not_implemented(format!(
+        "{} {} is not supported by this gateway",
+        req.method(),
+        req.path()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_options_are_named() {
+        let mut r = wire::NewSandbox {
+            template_id: Some("base".into()),
+            ..Default::default()
+        };
+        assert!(refuse_unsupported(&r).is_ok());
+        r.network = Some(serde_json::json!({}));
+        assert!(
+            refuse_unsupported(&r).is_ok(),
+            "an empty network config asks for nothing"
+        );
+        r.network = Some(serde_json::json!({"denyOut": ["0.0.0.0/0"]}));
+        assert!(
+            refuse_unsupported(&r)
+                .unwrap_err()
+                .message
+                .contains("network")
+        );
+        r.network = None;
+        r.auto_pause = Some(true);
+        assert!(
+            refuse_unsupported(&r)
+                .unwrap_err()
+                .message
+                .contains("autoPause")
+        );
+        assert!(e2b_name().starts_with("e2b-") && e2b_name().len() == 12);
+    }
+}

@@ -1,0 +1,228 @@
+//! Wire shapes of the e2b control plane, field for field as the SDKs parse them: camelCase
+//! names, every required field present, optional objects omitted rather than `null`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::error::ErrorBody;
+
+/// `POST /v2/sandboxes` (`NewSandboxV2`) and v1 `POST /sandboxes` (`NewSandbox`).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    /// A template name offered by the nodes, or a snapshot id to branch from.
+    #[serde(rename = "templateID")]
+    pub template_id: Option<String>,
+    /// Lifetime in seconds (v2 default 300, v1 default 15).
+    pub timeout: Option<i64>,
+    pub auto_pause: Option<bool>,
+    pub auto_pause_memory: Option<bool>,
+    #[schema(value_type = Option<Object>)]
+    pub auto_resume: Option<serde_json::Value>,
+    /// v1 only.
+    pub secure: Option<bool>,
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    #[schema(value_type = Option<Object>)]
+    pub network: Option<serde_json::Value>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub env_vars: Option<BTreeMap<String, String>>,
+    #[schema(value_type = Option<Object>)]
+    pub mcp: Option<serde_json::Value>,
+    #[schema(value_type = Option<Object>)]
+    pub iam: Option<serde_json::Value>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub volume_mounts: Option<Vec<serde_json::Value>>,
+}
+
+/// A started sandbox: the answer to create, connect and resume, and each fork child.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    /// The node that runs the sandbox.
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    #[serde(rename = "envdVersion")]
+    pub envd_version: String,
+    #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    pub domain: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    pub auto_resume: bool,
+    /// What happens at the end of the lease: `kill`.
+    pub on_timeout: &'static str,
+}
+
+/// `GET /sandboxes/{sandboxID}`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDetail {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub started_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    /// `running` or `paused`.
+    pub state: &'static str,
+    pub envd_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    pub domain: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub allow_internet_access: bool,
+    pub lifecycle: Lifecycle,
+}
+
+/// An item of `GET /v2/sandboxes` and `GET /sandboxes`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ListedSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub started_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    pub state: &'static str,
+    pub envd_version: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct TimeoutRequest {
+    /// Seconds from now; may shorten the lease.
+    pub timeout: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct RefreshRequest {
+    /// Seconds from now (at least 15); only ever extends the lease.
+    pub duration: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseRequest {
+    /// `false` asks for a filesystem-only pause, which this runtime does not offer.
+    pub memory: Option<bool>,
+    pub require_healthy_guest: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectRequest {
+    /// Seconds; the lease is extended to at least this, never shortened.
+    pub timeout: Option<i64>,
+    /// `false` asks for a reboot from disk, which this runtime does not offer.
+    pub memory: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumeRequest {
+    pub timeout: Option<i64>,
+    pub auto_pause: Option<bool>,
+    pub memory: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct ForkRequest {
+    /// Each child's own lifetime in seconds (default 15).
+    pub timeout: Option<i64>,
+    /// Children to create (default 1).
+    pub count: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct SnapshotRequest {
+    pub name: Option<String>,
+    /// Snapshots capture the sandbox's files; `true` (memory) is refused.
+    pub memory: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SnapshotInfo {
+    /// Usable as `templateID` to create a sandbox from the snapshot.
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxMetric {
+    pub timestamp: DateTime<Utc>,
+    pub timestamp_unix: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    /// Not measured by the process runtime: always 0.
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxesWithMetrics {
+    pub sandboxes: BTreeMap<String, SandboxMetric>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Template {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    pub public: bool,
+    pub aliases: Vec<String>,
+    pub names: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    #[schema(value_type = Option<Object>)]
+    pub created_by: Option<serde_json::Value>,
+    pub last_spawned_at: Option<DateTime<Utc>>,
+    pub spawn_count: u64,
+    pub build_count: u64,
+    pub envd_version: String,
+    pub build_status: &'static str,
+}

@@ -1,0 +1,171 @@
+//! Request logs with a request id, and Prometheus metrics by route and status.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix_web::Error;
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use tracing::Instrument;
+
+use crate::dispatch::Dispatcher;
+use crate::model::{Error as ModelError, Result, ids};
+
+pub const REQUEST_ID: &str = "x-request-id";
+
+pub type Observed<B> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<ServiceResponse<B>, Error>>>>;
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    nodes_up: IntGauge,
+    warm: IntGaugeVec,
+    sandboxes: IntGauge,
+}
+
+fn metric_err(e: prometheus::Error) -> ModelError {
+    ModelError::internal(format!("registering metrics: {e}"))
+}
+
+impl Metrics {
+    pub fn new() -> Result<Arc<Self>> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "sandbox_gateway_http_requests_total",
+                "HTTP requests by surface, route, method and status",
+            ),
+            &["surface", "route", "method", "status"],
+        )
+        .map_err(metric_err)?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "sandbox_gateway_http_request_seconds",
+                "HTTP request latency",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+            ]),
+            &["surface", "route", "method"],
+        )
+        .map_err(metric_err)?;
+        let nodes_up = IntGauge::new("sandbox_gateway_nodes_up", "Nodes answering the dispatcher")
+            .map_err(metric_err)?;
+        let warm = IntGaugeVec::new(
+            Opts::new(
+                "sandbox_gateway_warm_sandboxes",
+                "Warm sandboxes by pool across the fleet",
+            ),
+            &["pool"],
+        )
+        .map_err(metric_err)?;
+        let sandboxes = IntGauge::new(
+            "sandbox_gateway_sandboxes",
+            "Claimed sandboxes in the read view",
+        )
+        .map_err(metric_err)?;
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency.clone()),
+            Box::new(nodes_up.clone()),
+            Box::new(warm.clone()),
+            Box::new(sandboxes.clone()),
+        ] {
+            registry.register(c).map_err(metric_err)?;
+        }
+        Ok(Arc::new(Metrics {
+            registry,
+            requests,
+            latency,
+            nodes_up,
+            warm,
+            sandboxes,
+        }))
+    }
+
+    fn observe(&self, surface: &str, route: &str, method: &str, status: u16, seconds: f64) {
+        self.requests
+            .with_label_values(&[surface, route, method, &status.to_string()])
+            .inc();
+        self.latency
+            .with_label_values(&[surface, route, method])
+            .observe(seconds);
+    }
+
+    /// The text exposition, with fleet gauges read at scrape time.
+    pub fn render(&self, dispatcher: &Dispatcher) -> String {
+        self.nodes_up
+            .set(dispatcher.nodes().iter().filter(|n| n.up).count() as i64);
+        self.warm.reset();
+        for (key, (warm, _)) in dispatcher.pools() {
+            self.warm
+                .with_label_values(&[&key.to_string()])
+                .set(i64::from(warm));
+        }
+        self.sandboxes.set(dispatcher.view().len() as i64);
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "encoding metrics");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+fn request_id(req: &ServiceRequest) -> String {
+    req.headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| ids::random_hex(8))
+}
+
+/// Wraps a surface's service: one log line per request with its id, the id echoed in the
+/// response, and the request counted and timed by route pattern (never by raw path, which
+/// would make one series per sandbox).
+pub fn observed<S, B>(
+    metrics: Arc<Metrics>,
+    surface: &'static str,
+) -> impl Fn(ServiceRequest, &S) -> Observed<B> + Clone
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = Error>,
+    S::Future: 'static,
+    B: 'static,
+{
+    move |req: ServiceRequest, srv: &S| {
+        let id = request_id(&req);
+        let route = req
+            .match_pattern()
+            .unwrap_or_else(|| "unmatched".to_string());
+        let method = req.method().to_string();
+        let path = req.path().to_string();
+        let start = Instant::now();
+        let span = tracing::info_span!("request", id = %id);
+        let fut = {
+            let _enter = span.enter();
+            srv.call(req)
+        };
+        let metrics = metrics.clone();
+        Box::pin(
+            async move {
+                let mut res = fut.await?;
+                let status = res.status().as_u16();
+                let took = start.elapsed();
+                if let Ok(v) = HeaderValue::from_str(&id) {
+                    res.headers_mut()
+                        .insert(HeaderName::from_static(REQUEST_ID), v);
+                }
+                metrics.observe(surface, &route, &method, status, took.as_secs_f64());
+                tracing::info!(%method, %path, status, ms = took.as_secs_f64() * 1000.0, "request");
+                Ok(res)
+            }
+            .instrument(span),
+        )
+    }
+}
