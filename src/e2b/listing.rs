@@ -165,7 +165,7 @@ mod tests {
         // {"user": "a b"} arrives as `metadata=user%3Da%252520b`; the framework decodes once.
         let m = parse_metadata("user=a%2520b").unwrap();
         assert_eq!(m.get("user").map(String::as_str), Some("a b"));
-        let m = parse_metadata("k%3D1=v%261&x=y").unwrap();
+        let m = parse_metadata("k%253D1=v%25261&x=y").unwrap();
         assert_eq!(m.get("k=1").map(String::as_str), Some("v&1"));
         assert_eq!(m.get("x").map(String::as_str), Some("y"));
         assert!(parse_metadata("novalue").is_err());
