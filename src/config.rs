@@ -111,6 +111,10 @@ pub struct ServeArgs {
     /// Secret that signs envd access tokens; replicas must share it [default: DATA_DIR/envd-secret].
     #[arg(long)]
     pub envd_secret_file: Option<PathBuf>,
+    /// How long a claim may take on a node before its outcome counts as unknown (a create
+    /// then answers 504 with `Should-Retry: false`).
+    #[arg(long, default_value_t = 30.0)]
+    pub claim_timeout_seconds: f64,
 }
 
 #[derive(Debug, Clone, Args)]

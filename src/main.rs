@@ -1,7 +1,9 @@
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use sandbox_gateway::config::{Cli, Command, KeysCommand, NodeArgs, host_name};
+use sandbox_gateway::dispatch::DispatcherConfig;
 use sandbox_gateway::model::{Error, Result, ids};
 use sandbox_gateway::node::NodeConfig;
 use sandbox_gateway::node::daemon::{self, DaemonConfig};
@@ -80,21 +82,30 @@ fn main() -> ExitCode {
         }
         Command::Serve(s) => {
             init_logging("info");
-            runtime().and_then(|rt| {
-                rt.block_on(gateway::run(gateway::ServeConfig {
-                    e2b_listen: s.e2b_listen,
-                    kube_listen: s.kube_listen,
-                    nodes: s.nodes,
-                    data_dir: s.data_dir,
-                    node_token_file: s.node_token_file,
-                    pools: s.pools,
-                    api_keys: s.api_keys,
-                    allow_anonymous: s.allow_anonymous,
-                    e2b_domain: Some(s.e2b_domain),
-                    envd_secret_file: s.envd_secret_file,
-                    dispatcher: Default::default(),
-                }))
-            })
+            let claim_timeout = Duration::try_from_secs_f64(s.claim_timeout_seconds)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| Error::invalid("--claim-timeout-seconds must be a positive number"));
+            claim_timeout
+                .and_then(|claim_timeout| runtime().map(|rt| (rt, claim_timeout)))
+                .and_then(|(rt, claim_timeout)| {
+                    rt.block_on(gateway::run(gateway::ServeConfig {
+                        e2b_listen: s.e2b_listen,
+                        kube_listen: s.kube_listen,
+                        nodes: s.nodes,
+                        data_dir: s.data_dir,
+                        node_token_file: s.node_token_file,
+                        pools: s.pools,
+                        api_keys: s.api_keys,
+                        allow_anonymous: s.allow_anonymous,
+                        e2b_domain: Some(s.e2b_domain),
+                        envd_secret_file: s.envd_secret_file,
+                        dispatcher: DispatcherConfig {
+                            claim_timeout,
+                            ..Default::default()
+                        },
+                    }))
+                })
         }
         Command::Keys(KeysCommand::Create(k)) => {
             let file = k.file.unwrap_or_else(|| k.data_dir.join("api-keys"));
