@@ -305,6 +305,175 @@ async fn bench_node_claims(samples: usize, pool: u32, per_round: usize) -> Res<C
     })
 }
 
+struct GatewayProcess {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl GatewayProcess {
+    fn start(pool: u32) -> Res<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut child = Command::new(node_binary()?)
+            .args([
+                "serve",
+                "--e2b-listen",
+                "127.0.0.1:0",
+                "--allow-anonymous",
+                "--pool",
+            ])
+            .arg(format!("base={pool}"))
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let out = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = BufReader::new(out).lines();
+        let url = loop {
+            let line = lines.next().ok_or("gateway exited")??;
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest.trim().to_string();
+            }
+        };
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Ok(GatewayProcess {
+            child,
+            url,
+            _dir: dir,
+        })
+    }
+
+    fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_gateway_warm(http: &reqwest::Client, url: &str, pool: u32) -> Res<()> {
+    let want = format!("sandbox_gateway_warm_sandboxes{{pool=\"base/none/small\"}} {pool}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = http
+            .get(format!("{url}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        if text.lines().any(|l| l == want) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("the gateway's warm pool did not refill".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct E2bBench {
+    create: Summary,
+    kill: Summary,
+    concurrent: Summary,
+    per_second: f64,
+}
+
+async fn e2b_create(http: &reqwest::Client, url: &str) -> Res<(Duration, String)> {
+    let t = Instant::now();
+    let res = http
+        .post(format!("{url}/v2/sandboxes"))
+        .header("X-API-KEY", "e2b_bench")
+        .json(&serde_json::json!({"templateID": "base", "metadata": {}, "envVars": {}}))
+        .send()
+        .await?;
+    let status = res.status();
+    let body: serde_json::Value = res.json().await?;
+    let took = t.elapsed();
+    if status != 201 {
+        return Err(format!("create answered {status}: {body}").into());
+    }
+    Ok((
+        took,
+        body["sandboxID"].as_str().unwrap_or_default().to_string(),
+    ))
+}
+
+async fn e2b_kill(http: &reqwest::Client, url: &str, id: &str) -> Res<Duration> {
+    let t = Instant::now();
+    let res = http
+        .delete(format!("{url}/sandboxes/{id}"))
+        .header("X-API-KEY", "e2b_bench")
+        .send()
+        .await?;
+    let took = t.elapsed();
+    if res.status() != 204 {
+        return Err(format!("kill answered {}", res.status()).into());
+    }
+    Ok(took)
+}
+
+/// e2b create→kill over HTTP against `serve` with its embedded node: rounds of creates from
+/// a full warm pool, as the SDK sends them (keep-alive HTTP/1.1, JSON bodies).
+async fn bench_e2b(samples: usize, pool: u32, per_round: usize) -> Res<E2bBench> {
+    let gw = GatewayProcess::start(pool)?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(32)
+        .build()?;
+    wait_gateway_warm(&http, &gw.url, pool).await?;
+    let (mut creates, mut kills) = (Vec::new(), Vec::new());
+    while creates.len() < samples {
+        let mut ids = Vec::new();
+        for _ in 0..per_round {
+            let (took, id) = e2b_create(&http, &gw.url).await?;
+            creates.push(took);
+            ids.push(id);
+        }
+        for id in ids {
+            kills.push(e2b_kill(&http, &gw.url, &id).await?);
+        }
+        wait_gateway_warm(&http, &gw.url, pool).await?;
+    }
+    let mut concurrent = Vec::new();
+    let mut rate = Vec::new();
+    while concurrent.len() < samples {
+        let taken = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let (http, url, taken) = (http.clone(), gw.url.clone(), taken.clone());
+            tasks.spawn(async move {
+                let mut out = Vec::new();
+                while taken.fetch_add(1, Ordering::Relaxed) < per_round {
+                    if let Ok(r) = e2b_create(&http, &url).await {
+                        out.push(r);
+                    }
+                }
+                out
+            });
+        }
+        let mut ids = Vec::new();
+        while let Some(Ok(out)) = tasks.join_next().await {
+            for (took, id) in out {
+                concurrent.push(took);
+                ids.push(id);
+            }
+        }
+        rate.push(ids.len() as f64 / start.elapsed().as_secs_f64());
+        for id in ids {
+            e2b_kill(&http, &gw.url, &id).await?;
+        }
+        wait_gateway_warm(&http, &gw.url, pool).await?;
+    }
+    gw.stop();
+    rate.sort_by(f64::total_cmp);
+    Ok(E2bBench {
+        create: summarize(creates),
+        kill: summarize(kills),
+        concurrent: summarize(concurrent),
+        per_second: rate[rate.len() / 2],
+    })
+}
+
 fn record(id: &str, node: &str, i: usize) -> SandboxRecord {
     SandboxRecord {
         id: id.to_string(),
@@ -439,7 +608,14 @@ async fn bench_resolve(nodes: usize, per_node: usize, lookups: usize) -> Res<Res
     })
 }
 
-fn render(machine: &str, c: &ClaimBench, r: &ResolveBench, pool: u32, per_round: usize) -> String {
+fn render(
+    machine: &str,
+    c: &ClaimBench,
+    e: &E2bBench,
+    r: &ResolveBench,
+    pool: u32,
+    per_round: usize,
+) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "# Performance\n");
     let _ = writeln!(
@@ -501,6 +677,38 @@ fn render(machine: &str, c: &ClaimBench, r: &ResolveBench, pool: u32, per_round:
          20 ms after a claim before refilling, so that a burst of claims finishes first, and \
          writes claim records to its index in batches off the claim path.\n",
         c.per_second, c.rounds
+    );
+
+    let _ = writeln!(o, "## e2b create and kill over HTTP\n");
+    let _ = writeln!(
+        o,
+        "Method: `sandbox-gateway serve` with its embedded node (warm pool of {pool}), driven \
+         over loopback HTTP/1.1 with keep-alive the way the SDK calls it: \
+         `POST /v2/sandboxes` with `{{\"templateID\":\"base\",\"metadata\":{{}},\"envVars\":{{}}}}` \
+         and `X-API-KEY`, timed from send until the 201 body is read; then \
+         `DELETE /sandboxes/{{id}}` (204). Rounds of {per_round} creates from a full pool, killed \
+         afterwards, the pool refilled between rounds. A create is API-key check, JSON decode, \
+         claim routing, the node's gRPC claim, signing the envd access token, and the JSON reply.\n"
+    );
+    let _ = writeln!(
+        o,
+        "| measurement | samples | p50 | p90 | p99 | max | anchor |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+    row(
+        &mut o,
+        "create, sequential",
+        &e.create,
+        "e2b ~150 ms start (vendor); cocoonstack warm claim through Kubernetes p50 33 ms; target p50 ≤ 1 ms",
+    );
+    row(&mut o, "create, 16 concurrent", &e.concurrent, "—");
+    row(&mut o, "kill, sequential", &e.kill, "—");
+    let ratio = e.create.p50.as_secs_f64() / c.sequential.p50.as_secs_f64().max(1e-9);
+    let _ = writeln!(
+        o,
+        "\nThroughput at concurrency 16: **{:.0} creates/s** (median over rounds, draining a warm pool). \
+         The gateway's share: HTTP create p50 / direct node claim p50 = **{ratio:.2}×** (target ≤ 2×).\n",
+        e.per_second
     );
 
     let _ = writeln!(o, "## Resolving a sandbox by claim id (dispatcher)\n");
@@ -566,9 +774,11 @@ fn main() -> Res<()> {
     let (pool, per_round) = (128, 100);
     eprintln!("warm claims ({samples} samples)...");
     let claims = rt.block_on(bench_node_claims(samples, pool, per_round))?;
+    eprintln!("e2b create/kill ({samples} samples)...");
+    let e2b = rt.block_on(bench_e2b(samples, pool, per_round))?;
     eprintln!("resolution...");
     let resolve = rt.block_on(bench_resolve(200, 2000, 1_000_000))?;
-    let text = render(&machine, &claims, &resolve, pool, per_round);
+    let text = render(&machine, &claims, &e2b, &resolve, pool, per_round);
     match out {
         Some(p) => std::fs::write(&p, &text)?,
         None => print!("{text}"),

@@ -192,6 +192,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             .configure(e2b::configure)
     })
     .workers(2)
+    .tcp_nodelay(true)
     .disable_signals()
     .bind(&cfg.e2b_listen)
     .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
