@@ -322,7 +322,7 @@ impl GatewayProcess {
                 "--allow-anonymous",
                 "--pool",
             ])
-            .arg(format!("base={pool}"))
+            .arg(format!("base/egress={pool}"))
             .arg("--data-dir")
             .arg(dir.path())
             .env("RUST_LOG", "warn")
@@ -352,7 +352,7 @@ impl GatewayProcess {
 }
 
 async fn wait_gateway_warm(http: &reqwest::Client, url: &str, pool: u32) -> Res<()> {
-    let want = format!("sandbox_gateway_warm_sandboxes{{pool=\"base/none/small\"}} {pool}");
+    let want = format!("sandbox_gateway_warm_sandboxes{{pool=\"base/egress/small\"}} {pool}");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let text = http

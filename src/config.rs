@@ -65,6 +65,10 @@ fn default_data_dir() -> PathBuf {
     PathBuf::from(".sandbox-gateway")
 }
 
+/// Warm pools out of the box: `base` with the node's network (what e2b SDKs ask for unless
+/// they turn internet access off) and `base` without a network of its own.
+const DEFAULT_POOLS: [&str; 2] = ["base/egress=2", "base=2"];
+
 fn parse_pool(s: &str) -> Result<PoolTarget, String> {
     s.parse().map_err(|e: crate::model::Error| e.message)
 }
@@ -95,7 +99,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub node_token_file: Option<PathBuf>,
     /// Warm pool of the embedded node, TEMPLATE[/NET[/SIZE]]=COUNT (repeatable).
-    #[arg(long = "pool", value_parser = parse_pool, default_value = "base=4")]
+    #[arg(long = "pool", value_parser = parse_pool, default_values = DEFAULT_POOLS)]
     pub pools: Vec<PoolTarget>,
     /// e2b API keys, one `KEY NAMESPACE` per line (`#` comments, `sha256:<hex>` keys).
     /// Without it (and without --allow-anonymous) a local gateway creates DATA_DIR/api-keys.
@@ -138,7 +142,7 @@ pub struct NodeArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Warm pool target, TEMPLATE[/NET[/SIZE]]=COUNT (repeatable).
-    #[arg(long = "pool", value_parser = parse_pool, default_value = "base=4")]
+    #[arg(long = "pool", value_parser = parse_pool, default_values = DEFAULT_POOLS)]
     pub pools: Vec<PoolTarget>,
     /// Lease of a claim that asks for none.
     #[arg(long, default_value_t = 300)]

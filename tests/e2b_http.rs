@@ -874,7 +874,7 @@ async fn capacity_and_unknown_outcomes_on_the_wire() {
         &tmp.path().join("tight"),
         &token,
         "127.0.0.1:0",
-        &["--pool", "base=1", "--no-cold-start"],
+        &["--pool", "base/egress=1", "--no-cold-start"],
     );
     let token_arg = token.display().to_string();
     let mut gw = Gateway::start(

@@ -62,7 +62,9 @@ fn start_gateway(tmp: &Path) -> Gateway {
         "--api-keys".into(),
         keys.display().to_string(),
         "--pool".into(),
-        "base=4".into(),
+        "base/egress=4".into(),
+        "--pool".into(),
+        "base=2".into(),
     ]);
     let line = proc.wait_line("e2b API listening on http://", Duration::from_secs(60));
     Gateway {

@@ -116,10 +116,11 @@ async fn create(
         .ok_or_else(|| ApiError::bad_request("templateID is required"))?;
     let ttl = lifetime(e2b, "Timeout", req.timeout.unwrap_or(default_timeout))?;
     refuse_unsupported(&req)?;
-    let net = if req.allow_internet_access == Some(true) {
-        "egress"
-    } else {
+    // As on e2b, a sandbox has internet access unless the request turns it off.
+    let net = if req.allow_internet_access == Some(false) {
         "none"
+    } else {
+        "egress"
     };
     let metadata = req.metadata.unwrap_or_default();
     let env_vars = req.env_vars.unwrap_or_default();
@@ -295,7 +296,7 @@ impl SandboxFilter {
                 .template
                 .as_ref()
                 .is_none_or(|t| *t == render::template_id(r) || *t == r.key.template)
-            && self.started_after.is_none_or(|t| r.claimed_at > t)
+            && self.started_after.is_none_or(|t| r.claimed_at >= t)
     }
 }
 
@@ -622,9 +623,12 @@ pub async fn list_snapshots(
     if !listing.unreachable.is_empty() {
         tracing::warn!(nodes = ?listing.unreachable, "snapshot listing is missing unreachable nodes");
     }
-    let name = query_value(&q, "name");
+    // `name` takes a snapshot's name (with or without the namespace stamp) or its id.
+    let name = query_value(&q, "name").filter(|n| !n.is_empty());
     let mut cks = listing.checkpoints;
-    cks.retain(|c| name.is_none_or(|n| c.name.strip_prefix(&prefix) == Some(n)));
+    cks.retain(|c| {
+        name.is_none_or(|n| c.id == n || c.name == n || c.name.strip_prefix(&prefix) == Some(n))
+    });
     let (page, next) = listing::page(cks, checkpoint_key, Order::Desc, after.as_ref(), limit);
     let body: Vec<wire::SnapshotInfo> = page.iter().map(|c| render::snapshot(c, &prefix)).collect();
     let mut res = HttpResponse::Ok();
@@ -668,7 +672,9 @@ fn within(q: &[(String, String)], now: i64) -> ApiResult<bool> {
             .transpose()
     };
     let (start, end) = (bound("start")?, bound("end")?);
-    Ok(start.is_none_or(|s| s <= now) && end.is_none_or(|e| now <= e))
+    // Clients round their bounds to whole seconds; a second of slack keeps a sample taken in
+    // the same second as a bound.
+    Ok(start.is_none_or(|s| s <= now + 1) && end.is_none_or(|e| now <= e + 1))
 }
 
 #[utoipa::path(get, path = "/sandboxes/{sandboxID}/metrics", tag = "sandboxes",

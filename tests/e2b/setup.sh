@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Installs the e2b SDKs that the scenario tests under tests/e2b drive:
+#   $E2B_SDK_DIR/py-2.63.0   venv with e2b==2.63.0 and pytest (v2 create/connect routes)
+#   $E2B_SDK_DIR/py-2.50.0   venv with e2b==2.50.0 and pytest (v1 create/connect routes)
+#   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0)
+# Idempotent: work already done is skipped. Quiet on success; on failure the captured output
+# of the failing step is printed.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+sdk_dir="${E2B_SDK_DIR:-$repo/target/e2b-sdk}"
+python="${PYTHON:-python3}"
+mkdir -p "$sdk_dir"
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+
+run() {
+    if ! "$@" >>"$log" 2>&1; then
+        echo "setup.sh: failed: $*" >&2
+        cat "$log" >&2
+        exit 1
+    fi
+}
+
+py_venv() {
+    local version="$1"
+    local venv="$sdk_dir/py-$version"
+    local marker="$venv/.e2b-sdk-ready"
+    # The marker records what was installed; the import check catches a venv broken since.
+    if [[ -f "$marker" && "$(cat "$marker")" == "e2b==$version pytest" ]] &&
+        "$venv/bin/python" -c "
+import importlib.metadata as m, sys
+import e2b, pytest
+sys.exit(m.version('e2b') != '$version')" >/dev/null 2>&1; then
+        return 0
+    fi
+    rm -rf "$venv"
+    if ! "$python" -m venv "$venv" >>"$log" 2>&1; then
+        # Debian's own python3 ships venv's pip bootstrap separately (python3-venv).
+        if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null &&
+            ! "$python" -c 'import ensurepip' >/dev/null 2>&1; then
+            rm -rf "$venv"
+            run apt-get update -qq
+            run env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+            run "$python" -m venv "$venv"
+        else
+            echo "setup.sh: \`$python -m venv\` failed (on Debian: apt-get install python3-venv)" >&2
+            cat "$log" >&2
+            exit 1
+        fi
+    fi
+    run "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        "e2b==$version" pytest
+    run "$venv/bin/python" -c "import e2b, pytest"
+    echo "e2b==$version pytest" >"$marker"
+}
+
+py_venv 2.63.0
+py_venv 2.50.0
+
+# npm ci wipes and reinstalls node_modules; skip it while the installed tree still matches
+# the lock file (npm writes node_modules/.package-lock.json, a copy of what it installed).
+js="$here/js"
+js_marker="$js/node_modules/.e2b-setup-lock"
+if ! { [[ -f "$js_marker" ]] && cmp -s "$js/package-lock.json" "$js_marker" &&
+    [[ -f "$js/node_modules/e2b/package.json" ]]; }; then
+    (cd "$js" && run npm ci --no-audit --no-fund --loglevel=error)
+    cp "$js/package-lock.json" "$js_marker"
+fi
