@@ -252,7 +252,7 @@ impl Dispatcher {
             .registry
             .up()
             .iter()
-            .filter_map(|h| h.info().map(|i| i.limits.lease_max_seconds))
+            .filter_map(|h| h.lease_max_seconds())
             .min()
     }
 

@@ -68,6 +68,14 @@ impl NodeHandle {
             .is_some_and(|i| i.templates.iter().any(|t| t == template))
     }
 
+    /// The longest lease the node grants, once it has reported.
+    pub fn lease_max_seconds(&self) -> Option<u64> {
+        self.state()
+            .info
+            .as_ref()
+            .map(|i| i.limits.lease_max_seconds)
+    }
+
     pub fn cold_starts(&self) -> bool {
         self.state()
             .info
