@@ -129,38 +129,28 @@ fn node_binary() -> Res<PathBuf> {
     Ok(bin)
 }
 
-struct NodeProcess {
+/// A `sandbox-gateway` process (node or gateway) in its own temporary directory; `address` is
+/// what it printed after "listening on".
+struct Daemon {
     child: std::process::Child,
-    addr: String,
-    _dir: tempfile::TempDir,
+    address: String,
+    dir: tempfile::TempDir,
 }
 
-impl NodeProcess {
-    fn start(token: &str, pool: u32) -> Res<Self> {
+impl Daemon {
+    fn start(args: impl FnOnce(&std::path::Path) -> Res<Vec<std::ffi::OsString>>) -> Res<Self> {
         let dir = tempfile::tempdir()?;
-        let token_file = dir.path().join("token");
-        std::fs::write(&token_file, token)?;
         let mut child = Command::new(node_binary()?)
-            .args([
-                "node",
-                "--listen",
-                "127.0.0.1:0",
-                "--name",
-                "bench",
-                "--pool",
-            ])
-            .arg(format!("base={pool}"))
-            .args(["--max-sandboxes", "1000", "--data-dir"])
-            .arg(dir.path().join("node"))
-            .arg("--token-file")
-            .arg(&token_file)
+            .args(args(dir.path())?)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .spawn()?;
         let out = child.stdout.take().ok_or("no stdout")?;
         let mut lines = BufReader::new(out).lines();
-        let addr = loop {
-            let line = lines.next().ok_or("node exited")??;
+        let address = loop {
+            let line = lines
+                .next()
+                .ok_or("the process exited before listening")??;
             if let Some(rest) = line.split("listening on ").nth(1) {
                 break rest
                     .split_whitespace()
@@ -170,10 +160,50 @@ impl NodeProcess {
             }
         };
         std::thread::spawn(move || for _ in lines.by_ref() {});
-        Ok(NodeProcess {
+        Ok(Daemon {
             child,
-            addr,
-            _dir: dir,
+            address,
+            dir,
+        })
+    }
+
+    /// A node with a warm pool of `pool` base sandboxes, reached with `token`.
+    fn node(token: &str, pool: u32) -> Res<Self> {
+        Self::start(|dir| {
+            let token_file = dir.join("token");
+            std::fs::write(&token_file, token)?;
+            Ok(vec![
+                "node".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--name".into(),
+                "bench".into(),
+                "--pool".into(),
+                format!("base={pool}").into(),
+                "--max-sandboxes".into(),
+                "1000".into(),
+                "--data-dir".into(),
+                dir.join("node").into(),
+                "--token-file".into(),
+                token_file.into(),
+            ])
+        })
+    }
+
+    /// `serve` with its embedded node, anonymous e2b access, and a warm pool of `pool`
+    /// sandboxes of the pool SDK creates use.
+    fn gateway(pool: u32) -> Res<Self> {
+        Self::start(|dir| {
+            Ok(vec![
+                "serve".into(),
+                "--e2b-listen".into(),
+                "127.0.0.1:0".into(),
+                "--allow-anonymous".into(),
+                "--pool".into(),
+                format!("base/egress={pool}").into(),
+                "--data-dir".into(),
+                dir.into(),
+            ])
         })
     }
 
@@ -181,6 +211,7 @@ impl NodeProcess {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        drop(self.dir);
     }
 }
 
@@ -219,8 +250,8 @@ struct ClaimBench {
 /// pool (cold starts are not counted), each round released and the pool refilled.
 async fn bench_node_claims(samples: usize, pool: u32, per_round: usize) -> Res<ClaimBench> {
     let token = ids::random_hex(16);
-    let node = NodeProcess::start(&token, pool)?;
-    let conn = NodeConn::new(&node.addr, &token)?;
+    let node = Daemon::node(&token, pool)?;
+    let conn = NodeConn::new(&node.address, &token)?;
     wait_full(&conn, pool).await?;
     // Warm the connection.
     conn.info(Duration::from_secs(5)).await?;
@@ -305,52 +336,6 @@ async fn bench_node_claims(samples: usize, pool: u32, per_round: usize) -> Res<C
     })
 }
 
-struct GatewayProcess {
-    child: std::process::Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl GatewayProcess {
-    fn start(pool: u32) -> Res<Self> {
-        let dir = tempfile::tempdir()?;
-        let mut child = Command::new(node_binary()?)
-            .args([
-                "serve",
-                "--e2b-listen",
-                "127.0.0.1:0",
-                "--allow-anonymous",
-                "--pool",
-            ])
-            .arg(format!("base/egress={pool}"))
-            .arg("--data-dir")
-            .arg(dir.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let out = child.stdout.take().ok_or("no stdout")?;
-        let mut lines = BufReader::new(out).lines();
-        let url = loop {
-            let line = lines.next().ok_or("gateway exited")??;
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                break rest.trim().to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines.by_ref() {});
-        Ok(GatewayProcess {
-            child,
-            url,
-            _dir: dir,
-        })
-    }
-
-    fn stop(mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
 async fn wait_gateway_warm(http: &reqwest::Client, url: &str, pool: u32) -> Res<()> {
     let want = format!("sandbox_gateway_warm_sandboxes{{pool=\"base/egress/small\"}} {pool}");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -415,23 +400,23 @@ async fn e2b_kill(http: &reqwest::Client, url: &str, id: &str) -> Res<Duration> 
 /// e2b create→kill over HTTP against `serve` with its embedded node: rounds of creates from
 /// a full warm pool, as the SDK sends them (keep-alive HTTP/1.1, JSON bodies).
 async fn bench_e2b(samples: usize, pool: u32, per_round: usize) -> Res<E2bBench> {
-    let gw = GatewayProcess::start(pool)?;
+    let gw = Daemon::gateway(pool)?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(32)
         .build()?;
-    wait_gateway_warm(&http, &gw.url, pool).await?;
+    wait_gateway_warm(&http, &gw.address, pool).await?;
     let (mut creates, mut kills) = (Vec::new(), Vec::new());
     while creates.len() < samples {
         let mut ids = Vec::new();
         for _ in 0..per_round {
-            let (took, id) = e2b_create(&http, &gw.url).await?;
+            let (took, id) = e2b_create(&http, &gw.address).await?;
             creates.push(took);
             ids.push(id);
         }
         for id in ids {
-            kills.push(e2b_kill(&http, &gw.url, &id).await?);
+            kills.push(e2b_kill(&http, &gw.address, &id).await?);
         }
-        wait_gateway_warm(&http, &gw.url, pool).await?;
+        wait_gateway_warm(&http, &gw.address, pool).await?;
     }
     let mut concurrent = Vec::new();
     let mut rate = Vec::new();
@@ -440,7 +425,7 @@ async fn bench_e2b(samples: usize, pool: u32, per_round: usize) -> Res<E2bBench>
         let start = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..16 {
-            let (http, url, taken) = (http.clone(), gw.url.clone(), taken.clone());
+            let (http, url, taken) = (http.clone(), gw.address.clone(), taken.clone());
             tasks.spawn(async move {
                 let mut out = Vec::new();
                 while taken.fetch_add(1, Ordering::Relaxed) < per_round {
@@ -460,9 +445,9 @@ async fn bench_e2b(samples: usize, pool: u32, per_round: usize) -> Res<E2bBench>
         }
         rate.push(ids.len() as f64 / start.elapsed().as_secs_f64());
         for id in ids {
-            e2b_kill(&http, &gw.url, &id).await?;
+            e2b_kill(&http, &gw.address, &id).await?;
         }
-        wait_gateway_warm(&http, &gw.url, pool).await?;
+        wait_gateway_warm(&http, &gw.address, pool).await?;
     }
     gw.stop();
     rate.sort_by(f64::total_cmp);
@@ -572,11 +557,11 @@ async fn bench_resolve(nodes: usize, per_node: usize, lookups: usize) -> Res<Res
 
     // The full path against a real node: owner index hit, then a live Get over gRPC.
     let token = ids::random_hex(16);
-    let node = NodeProcess::start(&token, 8)?;
+    let node = Daemon::node(&token, 8)?;
     let d = Dispatcher::new(DispatcherConfig::default(), &token);
-    d.add_node(&node.addr)?;
+    d.add_node(&node.address)?;
     d.wait_for_nodes(1, Duration::from_secs(30)).await?;
-    let conn = NodeConn::new(&node.addr, &token)?;
+    let conn = NodeConn::new(&node.address, &token)?;
     wait_full(&conn, 8).await?;
     let claimed = d
         .claim(ClaimRequest {
