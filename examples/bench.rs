@@ -198,6 +198,8 @@ impl Daemon {
                 "serve".into(),
                 "--e2b-listen".into(),
                 "127.0.0.1:0".into(),
+                "--kube-listen".into(),
+                "127.0.0.1:0".into(),
                 "--allow-anonymous".into(),
                 "--pool".into(),
                 format!("base/egress={pool}").into(),

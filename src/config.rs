@@ -35,6 +35,27 @@ pub enum Command {
     Keys(KeysCommand),
     /// Print the e2b surface's OpenAPI document.
     Openapi,
+    /// Print a kubeconfig for kubectl against the Kubernetes API of a local gateway.
+    Kubeconfig(KubeconfigArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KubeconfigArgs {
+    /// The bearer token: an e2b API key (its namespace is the one kubectl may use).
+    #[arg(long, env = "E2B_API_KEY")]
+    pub api_key: String,
+    /// The gateway's Kubernetes API address.
+    #[arg(long, default_value = "https://127.0.0.1:6443")]
+    pub server: String,
+    /// Default namespace of the context.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// The gateway's data directory (its CA is DATA_DIR/tls/ca.crt).
+    #[arg(long, env = "SANDBOX_GATEWAY_DATA_DIR", default_value_os_t = default_data_dir())]
+    pub data_dir: PathBuf,
+    /// The CA to trust instead (PEM).
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -119,6 +140,28 @@ pub struct ServeArgs {
     /// then answers 504 with `Should-Retry: false`).
     #[arg(long, default_value_t = 30.0)]
     pub claim_timeout_seconds: f64,
+    /// Serving certificate of the Kubernetes API (PEM) [default: generated into DATA_DIR/tls].
+    #[arg(long, requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Extra DNS name for the generated certificate, e.g. the Service `NAME.NAMESPACE.svc`
+    /// kube-apiserver dials (repeatable).
+    #[arg(long = "tls-dns-name")]
+    pub tls_dns_names: Vec<String>,
+    /// Serve behind kube-apiserver: trust its front-proxy certificate and authorize every
+    /// request with a SubjectAccessReview.
+    #[arg(long)]
+    pub delegate_auth: bool,
+    /// The front-proxy CA (PEM) [default: from kube-system/extension-apiserver-authentication].
+    #[arg(long, requires = "delegate_auth")]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+    /// Names the front-proxy certificate may carry (comma-separated).
+    #[arg(long, value_delimiter = ',', requires = "delegate_auth")]
+    pub requestheader_allowed_names: Vec<String>,
+    /// Kubeconfig for SubjectAccessReviews [default: the in-cluster service account].
+    #[arg(long, requires = "delegate_auth")]
+    pub authorization_kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod config;
 pub mod dispatch;
 pub mod e2b;
+pub mod facade;
 pub mod fsx;
 pub mod gateway;
 pub mod model;

@@ -4,6 +4,7 @@ use std::time::Duration;
 use clap::Parser;
 use sandbox_gateway::config::{Cli, Command, KeysCommand, NodeArgs, host_name};
 use sandbox_gateway::dispatch::DispatcherConfig;
+use sandbox_gateway::facade::auth::DelegationSource;
 use sandbox_gateway::model::{Error, Result, ids};
 use sandbox_gateway::node::NodeConfig;
 use sandbox_gateway::node::daemon::{self, DaemonConfig};
@@ -104,6 +105,16 @@ fn main() -> ExitCode {
                             claim_timeout,
                             ..Default::default()
                         },
+                        kube: gateway::KubeConfig {
+                            tls_cert_file: s.tls_cert_file,
+                            tls_key_file: s.tls_key_file,
+                            dns_names: s.tls_dns_names,
+                            delegate: s.delegate_auth.then_some(DelegationSource {
+                                requestheader_ca_file: s.requestheader_client_ca_file,
+                                allowed_names: s.requestheader_allowed_names,
+                                kubeconfig: s.authorization_kubeconfig,
+                            }),
+                        },
                     }))
                 })
         }
@@ -117,6 +128,32 @@ fn main() -> ExitCode {
                     k.namespace
                 );
             })
+        }
+        Command::Kubeconfig(k) => {
+            let ca = k.ca_file.clone().unwrap_or_else(|| {
+                sandbox_gateway::facade::tls::ca_paths(&k.data_dir.join("tls")).0
+            });
+            std::fs::read_to_string(&ca)
+                .map_err(|e| {
+                    Error::io(
+                        format!(
+                            "reading the gateway CA {} (start the gateway once first)",
+                            ca.display()
+                        ),
+                        e,
+                    )
+                })
+                .map(|pem| {
+                    print!(
+                        "{}",
+                        sandbox_gateway::facade::kubeconfig::render(
+                            &k.server,
+                            &pem,
+                            &k.api_key,
+                            k.namespace.as_deref()
+                        )
+                    )
+                })
         }
         Command::Openapi => {
             print!("{}", sandbox_gateway::e2b::openapi::document_json());

@@ -41,6 +41,8 @@ impl Gateway {
             "serve",
             "--e2b-listen",
             "127.0.0.1:0",
+            "--kube-listen",
+            "127.0.0.1:0",
             "--data-dir",
             &data.display().to_string(),
             "--api-keys",

@@ -57,6 +57,8 @@ fn start_gateway(tmp: &Path) -> Gateway {
         "serve".into(),
         "--e2b-listen".into(),
         "127.0.0.1:0".into(),
+        "--kube-listen".into(),
+        "127.0.0.1:0".into(),
         "--data-dir".into(),
         data.display().to_string(),
         "--api-keys".into(),

@@ -34,9 +34,16 @@ pub struct Expired {
     pub oldest: u64,
 }
 
+/// A sandbox in the view and the revision at which it last changed.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub record: Arc<SandboxRecord>,
+    pub revision: u64,
+}
+
 #[derive(Default)]
 struct NodeSlice {
-    sandboxes: HashMap<String, Arc<SandboxRecord>>,
+    sandboxes: HashMap<String, Entry>,
     /// A snapshot being received (between stream start or RESET and SYNCED).
     incoming: Option<HashMap<String, Arc<SandboxRecord>>>,
     lost_since: Option<Instant>,
@@ -86,7 +93,7 @@ impl Inner {
         tx: &broadcast::Sender<ViewEvent>,
         kind: ViewEventKind,
         sandbox: Arc<SandboxRecord>,
-    ) {
+    ) -> u64 {
         self.revision += 1;
         let ev = ViewEvent {
             kind,
@@ -98,6 +105,7 @@ impl Inner {
         }
         self.history.push_back(ev.clone());
         let _ = tx.send(ev);
+        self.revision
     }
 
     fn upsert(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str, record: SandboxRecord) {
@@ -109,13 +117,18 @@ impl Inner {
             incoming.insert(record.id.clone(), Arc::new(record));
             return;
         }
-        let record = Arc::new(record);
-        let kind = match slice.sandboxes.insert(record.id.clone(), record.clone()) {
+        let kind = match slice.sandboxes.get(&record.id) {
             None => ViewEventKind::Added,
-            Some(old) if *old == *record => return,
+            Some(old) if *old.record == record => return,
             Some(_) => ViewEventKind::Modified,
         };
-        self.record(tx, kind, record);
+        let record = Arc::new(record);
+        let revision = self.record(tx, kind, record.clone());
+        if let Some(slice) = self.nodes.get_mut(node) {
+            slice
+                .sandboxes
+                .insert(record.id.clone(), Entry { record, revision });
+        }
     }
 
     fn remove(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str, id: &str) {
@@ -128,7 +141,7 @@ impl Inner {
             return;
         }
         if let Some(old) = slice.sandboxes.remove(id) {
-            self.record(tx, ViewEventKind::Deleted, old);
+            self.record(tx, ViewEventKind::Deleted, old.record);
         }
     }
 
@@ -142,29 +155,34 @@ impl Inner {
             return;
         };
         slice.lost_since = None;
+        let old = std::mem::take(&mut slice.sandboxes);
         // A complete snapshot settles every local release: keep shadowing what it still
         // lists, forget the rest.
         self.released.retain(|id, _| incoming.contains_key(id));
         incoming.retain(|id, _| !self.released.contains_key(id));
-        let Some(slice) = self.nodes.get_mut(node) else {
-            return;
-        };
-        let old = std::mem::replace(&mut slice.sandboxes, incoming.clone());
-        let mut changes = Vec::new();
-        for (id, rec) in &old {
+        let mut next: HashMap<String, Entry> = HashMap::with_capacity(incoming.len());
+        for (id, entry) in &old {
             if !incoming.contains_key(id) {
-                changes.push((ViewEventKind::Deleted, rec.clone()));
+                self.record(tx, ViewEventKind::Deleted, entry.record.clone());
             }
         }
-        for (id, rec) in incoming {
-            match old.get(&id) {
-                None => changes.push((ViewEventKind::Added, rec)),
-                Some(o) if **o != *rec => changes.push((ViewEventKind::Modified, rec)),
-                Some(_) => {}
-            }
+        for (id, record) in incoming {
+            let entry = match old.get(&id) {
+                Some(o) if *o.record == *record => o.clone(),
+                prior => {
+                    let kind = if prior.is_some() {
+                        ViewEventKind::Modified
+                    } else {
+                        ViewEventKind::Added
+                    };
+                    let revision = self.record(tx, kind, record.clone());
+                    Entry { record, revision }
+                }
+            };
+            next.insert(id, entry);
         }
-        for (kind, rec) in changes {
-            self.record(tx, kind, rec);
+        if let Some(slice) = self.nodes.get_mut(node) {
+            slice.sandboxes = next;
         }
     }
 }
@@ -231,7 +249,7 @@ impl ReadView {
                     .nodes
                     .get(node)
                     .and_then(|s| s.sandboxes.get(&id))
-                    .map(|r| (**r).clone());
+                    .map(|e| (*e.record).clone());
                 if let Some(mut r) = current {
                     r.deadline = deadline;
                     inner.upsert(&self.tx, node, r);
@@ -253,7 +271,7 @@ impl ReadView {
             .collect();
         for node in &stale {
             if let Some(slice) = inner.nodes.remove(node) {
-                let mut gone: Vec<_> = slice.sandboxes.into_values().collect();
+                let mut gone: Vec<_> = slice.sandboxes.into_values().map(|e| e.record).collect();
                 gone.sort_by(|a, b| a.id.cmp(&b.id));
                 for rec in gone {
                     inner.record(&self.tx, ViewEventKind::Deleted, rec);
@@ -270,24 +288,37 @@ impl ReadView {
     /// The records that pass `keep`, sorted by namespace, then name, then id; and the revision
     /// they are current as of.
     pub fn list(&self, keep: impl Fn(&SandboxRecord) -> bool) -> (Vec<Arc<SandboxRecord>>, u64) {
+        let (entries, revision) = self.entries(keep);
+        (entries.into_iter().map(|e| e.record).collect(), revision)
+    }
+
+    /// Like `list`, with the revision at which each record last changed.
+    pub fn entries(&self, keep: impl Fn(&SandboxRecord) -> bool) -> (Vec<Entry>, u64) {
         let inner = self.read();
-        let mut out: Vec<Arc<SandboxRecord>> = inner
+        let mut out: Vec<Entry> = inner
             .nodes
             .values()
             .flat_map(|s| s.sandboxes.values())
-            .filter(|r| keep(r))
+            .filter(|e| keep(&e.record))
             .cloned()
             .collect();
-        out.sort_by(|a, b| (a.namespace(), a.name(), &a.id).cmp(&(b.namespace(), b.name(), &b.id)));
+        out.sort_by(|a, b| {
+            let (a, b) = (&a.record, &b.record);
+            (a.namespace(), a.name(), &a.id).cmp(&(b.namespace(), b.name(), &b.id))
+        });
         (out, inner.revision)
     }
 
-    pub fn find_id(&self, id: &str) -> Option<Arc<SandboxRecord>> {
+    pub fn entry(&self, id: &str) -> Option<Entry> {
         let inner = self.read();
         inner
             .nodes
             .values()
             .find_map(|s| s.sandboxes.get(id).cloned())
+    }
+
+    pub fn find_id(&self, id: &str) -> Option<Arc<SandboxRecord>> {
+        self.entry(id).map(|e| e.record)
     }
 
     pub fn find_claim_ref(&self, claim_ref: &str) -> Vec<Arc<SandboxRecord>> {
@@ -296,8 +327,8 @@ impl ReadView {
             .nodes
             .values()
             .flat_map(|s| s.sandboxes.values())
-            .filter(|r| r.claim_ref == claim_ref)
-            .cloned()
+            .filter(|e| e.record.claim_ref == claim_ref)
+            .map(|e| e.record.clone())
             .collect()
     }
 

@@ -45,7 +45,7 @@ fn digest(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
-fn valid_namespace(ns: &str) -> bool {
+pub fn valid_namespace(ns: &str) -> bool {
     !ns.is_empty()
         && ns.len() <= 63
         && ns

@@ -13,6 +13,7 @@ use crate::dispatch::{Dispatcher, DispatcherConfig};
 use crate::e2b::auth::{self, ApiKeys};
 use crate::e2b::tokens::EnvdTokens;
 use crate::e2b::{self, E2b};
+use crate::facade;
 use crate::fsx;
 use crate::model::{DEFAULT_NAMESPACE, Error, PoolTarget, Result, ids};
 use crate::node::NodeConfig;
@@ -36,6 +37,19 @@ pub struct ServeConfig {
     /// Secret that signs envd access tokens [default: DATA_DIR/envd-secret, created].
     pub envd_secret_file: Option<PathBuf>,
     pub dispatcher: DispatcherConfig,
+    pub kube: KubeConfig,
+}
+
+/// The Kubernetes facade's listener settings.
+#[derive(Debug, Clone, Default)]
+pub struct KubeConfig {
+    /// A provided serving certificate and key; generated into DATA_DIR/tls when unset.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// Extra DNS names for the generated certificate (e.g. the Service name).
+    pub dns_names: Vec<String>,
+    /// Trust kube-apiserver's front proxy and authorize with SubjectAccessReview.
+    pub delegate: Option<crate::facade::auth::DelegationSource>,
 }
 
 /// Resolves when the process is asked to stop (SIGINT or SIGTERM).
@@ -173,13 +187,61 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     }
 
     let metrics = Metrics::new()?;
+    let keys = web::Data::new(keys);
+    let (facade_auth, client_cas) = match &cfg.kube.delegate {
+        Some(source) => {
+            let (delegation, client) = facade::auth::delegation(source).await?;
+            let cas = delegation.requestheader_ca.clone();
+            (
+                facade::auth::Auth::delegated(keys.clone(), delegation, client)?,
+                vec![cas],
+            )
+        }
+        None => (facade::auth::Auth::local(keys.clone()), Vec::new()),
+    };
+    let facade_state = web::Data::new(facade::Facade::new(dispatcher.clone(), facade_auth));
+    let tls = facade::tls::server_config(
+        &facade::tls::TlsConfig {
+            dir: cfg.data_dir.join("tls"),
+            cert_file: cfg.kube.tls_cert_file.clone(),
+            key_file: cfg.kube.tls_key_file.clone(),
+            dns_names: cfg.kube.dns_names.clone(),
+        },
+        &client_cas.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+    )?;
+    let kube_metrics = metrics.clone();
+    let kube_server = HttpServer::new(move || {
+        App::new()
+            .app_data(facade_state.clone())
+            .wrap(facade::status_errors())
+            .wrap_fn(observe::observed(kube_metrics.clone(), "kube"))
+            .configure(facade::configure)
+    })
+    .workers(2)
+    .tcp_nodelay(true)
+    .disable_signals()
+    .on_connect(capture_peer_certificates)
+    .bind_rustls_0_23(&cfg.kube_listen, tls.config)
+    .map_err(|e| {
+        Error::io(
+            format!("binding the Kubernetes listener {}", cfg.kube_listen),
+            e,
+        )
+    })?;
+    let kube_addr = kube_server
+        .addrs()
+        .first()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| cfg.kube_listen.clone());
+    let kube_server = kube_server.run();
+    let kube_handle = kube_server.handle();
+    let kube_serving = tokio::spawn(kube_server);
     let state = web::Data::new(E2b {
         dispatcher: dispatcher.clone(),
         tokens,
         domain: cfg.e2b_domain.clone(),
         idempotency: Default::default(),
     });
-    let keys = web::Data::new(keys);
     let metrics_data = web::Data::new(metrics.clone());
     let server = HttpServer::new(move || {
         App::new()
@@ -223,21 +285,37 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         ),
         None => println!("nodes: {}", cfg.nodes.join(", ")),
     }
+    println!("Kubernetes API listening on https://{kube_addr}");
     println!(
-        "Kubernetes API ({}) is not served by this build yet",
-        cfg.kube_listen
+        "  kubeconfig: sandbox-gateway kubeconfig --data-dir {} --server https://{kube_addr} --api-key KEY > kubeconfig",
+        cfg.data_dir.display()
     );
     println!("press Ctrl-C to stop");
 
     stop_signal().await;
     tracing::info!("stopping");
     handle.stop(true).await;
+    kube_handle.stop(true).await;
     let _ = serving.await;
+    let _ = kube_serving.await;
     dispatcher.shutdown().await;
     if let Some(n) = embedded {
         n.stop().await?;
     }
     Ok(())
+}
+
+/// Keeps the client certificate chain of a TLS connection for the request handlers.
+fn capture_peer_certificates(conn: &dyn std::any::Any, ext: &mut actix_web::dev::Extensions) {
+    type Tls = actix_tls::accept::rustls_0_23::TlsStream<actix_web::rt::net::TcpStream>;
+    if let Some(tls) = conn.downcast_ref::<Tls>() {
+        let (_, session) = tls.get_ref();
+        if let Some(certs) = session.peer_certificates() {
+            ext.insert(facade::auth::PeerCerts(
+                certs.iter().map(|c| c.clone().into_owned()).collect(),
+            ));
+        }
+    }
 }
 
 /// `sandbox-gateway keys create`: appends a new key for `namespace` (stored as its SHA-256) and

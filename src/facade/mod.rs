@@ -1,0 +1,155 @@
+//! The Kubernetes aggregated-API facade for `agents.x-k8s.io/v1beta1` sandboxes: discovery,
+//! OpenAPI, list/get/watch/create/delete and the lifecycle subresources, on its own TLS
+//! listener, over the same dispatcher as the e2b surface.
+
+pub mod auth;
+pub mod create;
+pub mod discovery;
+pub mod kubeconfig;
+pub mod objects;
+pub mod openapi;
+pub mod sandboxes;
+pub mod selectors;
+pub mod status;
+pub mod tls;
+pub mod types;
+pub mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::body::BoxBody;
+use actix_web::dev::ServiceResponse;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
+use actix_web::{ResponseError, web};
+use moka::sync::Cache;
+
+use crate::dispatch::Dispatcher;
+use crate::dispatch::read_view::Entry;
+use status::KubeError;
+
+/// Largest request body (kube-apiserver's own limit is 3 MiB).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+/// How long the pages of one paginated list stay available.
+const CONTINUE_TTL: Duration = Duration::from_secs(300);
+
+/// One list result, kept for its continue tokens.
+pub struct ListSnapshot {
+    pub entries: Vec<Entry>,
+    pub revision: u64,
+}
+
+pub struct Facade {
+    pub dispatcher: Dispatcher,
+    pub auth: auth::Auth,
+    continues: Cache<String, Arc<ListSnapshot>>,
+}
+
+impl Facade {
+    pub fn new(dispatcher: Dispatcher, auth: auth::Auth) -> Self {
+        Facade {
+            dispatcher,
+            auth,
+            continues: Cache::builder()
+                .time_to_live(CONTINUE_TTL)
+                .max_capacity(256)
+                .build(),
+        }
+    }
+}
+
+/// Rewrites any error response that is not a Status yet (a framework 404, an extractor error)
+/// into one, keeping its code.
+fn ensure_status<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHandlerResponse<B>> {
+    let is_json = res
+        .response()
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
+    }
+    let code = res.status().as_u16();
+    let message = res
+        .response()
+        .error()
+        .map(|e| e.to_string())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| {
+            res.status()
+                .canonical_reason()
+                .unwrap_or("error")
+                .to_string()
+        });
+    let reason = match code {
+        400 => "BadRequest",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        413 => "RequestEntityTooLarge",
+        415 => "UnsupportedMediaType",
+        _ if code >= 500 => "InternalError",
+        _ => "BadRequest",
+    };
+    let (req, _) = res.into_parts();
+    let mut new: actix_web::HttpResponse<BoxBody> =
+        KubeError::new(code, reason, message).error_response();
+    new.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(ErrorHandlerResponse::Response(
+        ServiceResponse::new(req, new).map_into_right_body(),
+    ))
+}
+
+pub fn status_errors<B: 'static>() -> ErrorHandlers<B> {
+    ErrorHandlers::new().default_handler(ensure_status)
+}
+
+const GV: &str = "/apis/agents.x-k8s.io/v1beta1";
+
+/// Registers the facade's routes; the caller provides `web::Data<Facade>`.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    use discovery as d;
+    use sandboxes as s;
+    cfg.app_data(web::PayloadConfig::new(MAX_BODY))
+        .route("/healthz", web::get().to(d::healthz))
+        .route("/livez", web::get().to(d::healthz))
+        .route("/readyz", web::get().to(d::readyz))
+        .route("/version", web::get().to(d::version))
+        .route("/api", web::get().to(d::api))
+        .route("/apis", web::get().to(d::apis))
+        .route("/apis/agents.x-k8s.io", web::get().to(d::api_group))
+        .route(GV, web::get().to(d::resources))
+        .route("/openapi/v3", web::get().to(d::openapi_v3))
+        .route(
+            "/openapi/v3/apis/agents.x-k8s.io/v1beta1",
+            web::get().to(d::openapi_v3_group_version),
+        )
+        .route("/openapi/v2", web::get().to(d::openapi_v2))
+        .service(
+            web::resource(format!("{GV}/sandboxes"))
+                .route(web::get().to(s::list_all))
+                .default_service(web::to(s::method_not_allowed)),
+        )
+        .service(
+            web::resource(format!("{GV}/namespaces/{{ns}}/sandboxes"))
+                .route(web::get().to(s::list_namespaced))
+                .route(web::post().to(s::create))
+                .default_service(web::to(s::method_not_allowed)),
+        )
+        .service(
+            web::resource(format!("{GV}/namespaces/{{ns}}/sandboxes/{{name}}"))
+                .route(web::get().to(s::get))
+                .route(web::delete().to(s::delete))
+                .default_service(web::to(s::method_not_allowed)),
+        )
+        .service(
+            web::resource(format!("{GV}/namespaces/{{ns}}/sandboxes/{{name}}/{{sub}}"))
+                .route(web::post().to(s::verb))
+                .default_service(web::to(s::method_not_allowed)),
+        )
+        .default_service(web::to(s::not_found));
+}
