@@ -44,6 +44,8 @@ pub struct Facade {
     pub dispatcher: Dispatcher,
     pub auth: auth::Auth,
     continues: Cache<String, Arc<ListSnapshot>>,
+    /// Ends open watches when the gateway stops.
+    closing: tokio_util::sync::CancellationToken,
 }
 
 impl Facade {
@@ -55,7 +57,17 @@ impl Facade {
                 .time_to_live(CONTINUE_TTL)
                 .max_capacity(256)
                 .build(),
+            closing: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// Ends every open watch (they would otherwise hold a graceful shutdown open).
+    pub fn close(&self) {
+        self.closing.cancel();
+    }
+
+    pub fn closing(&self) -> tokio_util::sync::CancellationToken {
+        self.closing.clone()
     }
 }
 

@@ -142,11 +142,17 @@ pub fn serve(
             },
         };
         let work = stream(&facade, &filter, start, table, bookmarks, send_initial, &tx);
-        match timeout {
-            Some(t) => {
-                let _ = tokio::time::timeout(t, work).await;
+        let limit = async {
+            match timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
             }
-            None => work.await,
+        };
+        let closing = facade.closing();
+        tokio::select! {
+            _ = work => {}
+            _ = limit => {}
+            _ = closing.cancelled() => {}
         }
     });
     Ok(HttpResponse::Ok()

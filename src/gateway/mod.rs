@@ -200,6 +200,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         None => (facade::auth::Auth::local(keys.clone()), Vec::new()),
     };
     let facade_state = web::Data::new(facade::Facade::new(dispatcher.clone(), facade_auth));
+    let facade_closing = facade_state.closing();
     let tls = facade::tls::server_config(
         &facade::tls::TlsConfig {
             dir: cfg.data_dir.join("tls"),
@@ -219,6 +220,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     })
     .workers(2)
     .tcp_nodelay(true)
+    .shutdown_timeout(5)
     .disable_signals()
     .on_connect(capture_peer_certificates)
     .bind_rustls_0_23(&cfg.kube_listen, tls.config)
@@ -255,6 +257,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     })
     .workers(2)
     .tcp_nodelay(true)
+    .shutdown_timeout(5)
     .disable_signals()
     .bind(&cfg.e2b_listen)
     .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
@@ -294,6 +297,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
 
     stop_signal().await;
     tracing::info!("stopping");
+    facade_closing.cancel();
     handle.stop(true).await;
     kube_handle.stop(true).await;
     let _ = serving.await;
