@@ -6,42 +6,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
 
 const KEY_A: &str = "e2b_a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
 const KEY_B: &str = "e2b_b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn sdk_dir() -> PathBuf {
-    std::env::var_os("E2B_SDK_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target/e2b-sdk"))
-}
-
-/// Installs the SDKs once (the script is idempotent and quick when they are present).
-fn ensure_sdks() {
-    static DONE: Mutex<bool> = Mutex::new(false);
-    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
-    if *done {
-        return;
-    }
-    let status = Command::new("bash")
-        .arg(repo().join("tests/e2b/setup.sh"))
-        .env("E2B_SDK_DIR", sdk_dir())
-        .status()
-        .expect("run tests/e2b/setup.sh");
-    assert!(
-        status.success(),
-        "installing the e2b SDKs failed (tests/e2b/setup.sh)"
-    );
-    *done = true;
-}
 
 struct Gateway {
     proc: Proc,

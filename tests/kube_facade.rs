@@ -820,13 +820,14 @@ async fn the_wire_protocol() {
         .await
         .unwrap();
     let mut buf = Vec::new();
-    // Revision 1 is still remembered here, so this one resumes; the expiry path is unit-tested
-    // in the read view. A name-pinned watch starts from a live lookup.
-    let ev = next_event(&mut w, &mut buf, Duration::from_secs(10))
-        .await
-        .expect("events after 1");
-    assert!(ev["type"].is_string());
+        // Version 1 was never this gateway's (its versions start from its start time): the watch
+    // answers 410 Expired, and the client lists again.
+    let ev = next_event(&mut w, &mut buf, Duration::from_secs(10)).await.expect("an error event");
+    assert_eq!(ev["type"], "ERROR");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
     drop(w);
+    // A name-pinned watch starts from a live lookup.
     let mut w = c
         .get(format!("{base}?watch=true&fieldSelector=metadata.name%3Dkeep&resourceVersion=0&timeoutSeconds=1"))
         .bearer_auth(KEY_A)
@@ -907,4 +908,39 @@ async fn no_capacity_is_503_with_retry_after() {
     let mut nodes = [node];
     nodes[0].proc.terminate();
     assert_no_leaks(tmp.path(), &[nodes[0].sandboxes_dir()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_kubernetes_client() {
+    ensure_sdks();
+    let (tmp, _) = workspace();
+    let mut f = Facade::start(tmp.path(), &[]);
+    let team_a = f.kubeconfig(tmp.path(), KEY_A, "team-a");
+    let admin = f.kubeconfig(tmp.path(), KEY_ADMIN, "default");
+    let python = sdk_dir().join("py-kube/bin/python");
+    let tests = repo().join("tests/kube/py").display().to_string();
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", &tests])
+        .current_dir(repo())
+        .env("KUBECONFIG", &team_a)
+        .env("KUBE_ADMIN_KUBECONFIG", &admin)
+        .env("KUBE_NAMESPACE", "team-a")
+        .env("KUBE_OTHER_NAMESPACE", "team-b")
+        .env("E2B_API_URL", &f.e2b_url);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(
+        out.status.success(),
+        "python kubernetes client scenarios failed:\n{text}"
+    );
+    f.proc.terminate();
+    assert_no_leaks(tmp.path(), &[f.sandboxes_dir()]).await;
 }

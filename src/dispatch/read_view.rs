@@ -26,6 +26,9 @@ pub struct ViewEvent {
     pub kind: ViewEventKind,
     pub revision: u64,
     pub sandbox: Arc<SandboxRecord>,
+    /// For a modification, the state before it (a filtered watch needs it to tell an object
+    /// entering or leaving its selection).
+    pub previous: Option<Arc<SandboxRecord>>,
 }
 
 /// A watch asked to resume from a revision the view no longer remembers.
@@ -93,12 +96,14 @@ impl Inner {
         tx: &broadcast::Sender<ViewEvent>,
         kind: ViewEventKind,
         sandbox: Arc<SandboxRecord>,
+        previous: Option<Arc<SandboxRecord>>,
     ) -> u64 {
         self.revision += 1;
         let ev = ViewEvent {
             kind,
             revision: self.revision,
             sandbox,
+            previous,
         };
         if self.history.len() == HISTORY {
             self.history.pop_front();
@@ -117,13 +122,13 @@ impl Inner {
             incoming.insert(record.id.clone(), Arc::new(record));
             return;
         }
-        let kind = match slice.sandboxes.get(&record.id) {
-            None => ViewEventKind::Added,
+        let (kind, previous) = match slice.sandboxes.get(&record.id) {
+            None => (ViewEventKind::Added, None),
             Some(old) if *old.record == record => return,
-            Some(_) => ViewEventKind::Modified,
+            Some(old) => (ViewEventKind::Modified, Some(old.record.clone())),
         };
         let record = Arc::new(record);
-        let revision = self.record(tx, kind, record.clone());
+        let revision = self.record(tx, kind, record.clone(), previous);
         if let Some(slice) = self.nodes.get_mut(node) {
             slice
                 .sandboxes
@@ -141,7 +146,7 @@ impl Inner {
             return;
         }
         if let Some(old) = slice.sandboxes.remove(id) {
-            self.record(tx, ViewEventKind::Deleted, old.record);
+            self.record(tx, ViewEventKind::Deleted, old.record, None);
         }
     }
 
@@ -163,7 +168,7 @@ impl Inner {
         let mut next: HashMap<String, Entry> = HashMap::with_capacity(incoming.len());
         for (id, entry) in &old {
             if !incoming.contains_key(id) {
-                self.record(tx, ViewEventKind::Deleted, entry.record.clone());
+                self.record(tx, ViewEventKind::Deleted, entry.record.clone(), None);
             }
         }
         for (id, record) in incoming {
@@ -175,7 +180,8 @@ impl Inner {
                     } else {
                         ViewEventKind::Added
                     };
-                    let revision = self.record(tx, kind, record.clone());
+                    let previous = prior.map(|p| p.record.clone());
+                    let revision = self.record(tx, kind, record.clone(), previous);
                     Entry { record, revision }
                 }
             };
@@ -190,8 +196,14 @@ impl Inner {
 impl ReadView {
     pub fn new() -> Self {
         let (tx, _) = broadcast::channel(BROADCAST);
+        // Revisions start from the time the view was made, so that a version handed out by an
+        // earlier run (or another replica) is never taken for one of this view's.
+        let base = chrono::Utc::now().timestamp_micros().max(0) as u64;
         ReadView {
-            inner: RwLock::new(Inner::default()),
+            inner: RwLock::new(Inner {
+                revision: base,
+                ..Inner::default()
+            }),
             tx,
         }
     }
@@ -274,7 +286,7 @@ impl ReadView {
                 let mut gone: Vec<_> = slice.sandboxes.into_values().map(|e| e.record).collect();
                 gone.sort_by(|a, b| a.id.cmp(&b.id));
                 for rec in gone {
-                    inner.record(&self.tx, ViewEventKind::Deleted, rec);
+                    inner.record(&self.tx, ViewEventKind::Deleted, rec, None);
                 }
             }
         }
@@ -349,8 +361,14 @@ impl ReadView {
     ) -> Result<(Vec<ViewEvent>, broadcast::Receiver<ViewEvent>), Expired> {
         let inner = self.read();
         let rx = self.tx.subscribe();
-        if since >= inner.revision {
+        if since == inner.revision {
             return Ok((Vec::new(), rx));
+        }
+        if since > inner.revision {
+            // Not a version this view ever handed out.
+            return Err(Expired {
+                oldest: inner.revision,
+            });
         }
         let oldest = inner
             .history
@@ -413,7 +431,8 @@ mod tests {
         v.apply("n1", ev(InventoryChange::Synced));
         assert_eq!(v.len(), 2);
         let r1 = v.revision();
-        assert_eq!(r1, 2);
+        let (two, _) = v.watch(r1 - 2).unwrap();
+        assert_eq!(two.len(), 2, "two changes so far");
 
         // A reconnect whose snapshot lost "a", kept "b" unchanged, and gained "c".
         v.stream_lost("n1");
@@ -500,8 +519,9 @@ mod tests {
         for i in 0..(HISTORY + 10) {
             v.apply("n1", ev(InventoryChange::Added(rec(&format!("s{i}"), ""))));
         }
-        assert!(v.watch(1).is_err());
+        assert!(v.watch(1).is_err(), "older than anything remembered");
         let current = v.revision();
+        assert!(v.watch(current + 1).is_err(), "a version from elsewhere");
         let (backlog, _) = v.watch(current - 3).unwrap();
         assert_eq!(backlog.len(), 3);
     }

@@ -313,6 +313,14 @@ pub async fn create(
             "creationTimestamp".into(),
             Value::from(objects::timestamp(r.claimed_at)),
         );
+        let labels = m
+            .entry("labels")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(l) = labels.as_object_mut() {
+            for (k, v) in objects::labels(&r) {
+                l.insert(k, Value::from(v));
+            }
+        }
         let annotations = m
             .entry("annotations")
             .or_insert_with(|| Value::Object(Default::default()));
@@ -320,12 +328,10 @@ pub async fn create(
             *annotations = Value::Object(Default::default());
         }
         if let Some(a) = annotations.as_object_mut() {
-            a.insert(keys::CLAIM_ID.into(), Value::from(r.id.as_str()));
-            a.insert(
-                keys::DEADLINE.into(),
-                Value::from(objects::timestamp(r.deadline)),
-            );
-            a.insert(keys::ADDRESS.into(), Value::from(r.address.as_str()));
+            for (k, v) in objects::annotations(&r) {
+                a.insert(k, Value::from(v));
+            }
+            // Only the create reply carries the sandbox's credential.
             a.insert(keys::TOKEN.into(), Value::from(r.token.as_str()));
         }
     }

@@ -171,6 +171,8 @@ impl fmt::Display for KubeError {
     }
 }
 
+impl std::error::Error for KubeError {}
+
 impl From<model::Error> for KubeError {
     fn from(e: model::Error) -> Self {
         let (code, reason) = match e.kind {

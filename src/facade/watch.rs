@@ -205,9 +205,23 @@ async fn stream(
             return None;
         }
         last = ev.revision;
-        filter
-            .keeps(&ev.sandbox)
-            .then(|| event_line(kind_name(ev.kind), &ev.sandbox, ev.revision, table))
+        let now = filter.keeps(&ev.sandbox);
+        // A change that moves an object into or out of the selection is, for this watch, its
+        // arrival or its departure.
+        let kind = match ev.kind {
+            ViewEventKind::Modified => {
+                let before = ev.previous.as_ref().is_some_and(|p| filter.keeps(p));
+                match (before, now) {
+                    (true, true) => "MODIFIED",
+                    (false, true) => "ADDED",
+                    (true, false) => "DELETED",
+                    (false, false) => return None,
+                }
+            }
+            k if now => kind_name(k),
+            _ => return None,
+        };
+        Some(event_line(kind, &ev.sandbox, ev.revision, table))
     };
     for ev in &backlog {
         if let Some(line) = deliver(ev)

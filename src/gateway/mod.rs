@@ -214,6 +214,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let kube_server = HttpServer::new(move || {
         App::new()
             .app_data(facade_state.clone())
+            .wrap(actix_web::middleware::NormalizePath::trim())
             .wrap(facade::status_errors())
             .wrap_fn(observe::observed(kube_metrics.clone(), "kube"))
             .configure(facade::configure)

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -281,4 +282,33 @@ pub fn workspace() -> (tempfile::TempDir, PathBuf) {
     let token_file = tmp.path().join("fleet-token");
     std::fs::write(&token_file, TOKEN).unwrap();
     (tmp, token_file)
+}
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn sdk_dir() -> PathBuf {
+    std::env::var_os("E2B_SDK_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/e2b-sdk"))
+}
+
+/// Installs the e2b SDKs and the Kubernetes Python client once (the script is idempotent and quick when they are present).
+pub fn ensure_sdks() {
+    static DONE: Mutex<bool> = Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    if *done {
+        return;
+    }
+    let status = Command::new("bash")
+        .arg(repo().join("tests/e2b/setup.sh"))
+        .env("E2B_SDK_DIR", sdk_dir())
+        .status()
+        .expect("run tests/e2b/setup.sh");
+    assert!(
+        status.success(),
+        "installing the e2b SDKs failed (tests/e2b/setup.sh)"
+    );
+    *done = true;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the e2b SDKs that the scenario tests under tests/e2b drive:
+# Installs the client SDKs that the scenario tests under tests/e2b and tests/kube drive:
 #   $E2B_SDK_DIR/py-2.63.0   venv with e2b==2.63.0 and pytest (v2 create/connect routes)
 #   $E2B_SDK_DIR/py-2.50.0   venv with e2b==2.50.0 and pytest (v1 create/connect routes)
+#   $E2B_SDK_DIR/py-kube     venv with kubernetes==37.0.2 and pytest (tests/kube/py, the
+#                            Kubernetes client against the sandboxes facade)
 #   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0)
 # Idempotent: work already done is skipped. Quiet on success; on failure the captured output
 # of the failing step is printed.
@@ -24,16 +26,18 @@ run() {
     fi
 }
 
+# py_venv NAME PACKAGE VERSION: $sdk_dir/NAME, a venv with PACKAGE==VERSION and pytest.
+# PACKAGE is both the distribution and the module it installs (e2b, kubernetes).
 py_venv() {
-    local version="$1"
-    local venv="$sdk_dir/py-$version"
+    local name="$1" package="$2" version="$3"
+    local venv="$sdk_dir/$name"
     local marker="$venv/.e2b-sdk-ready"
     # The marker records what was installed; the import check catches a venv broken since.
-    if [[ -f "$marker" && "$(cat "$marker")" == "e2b==$version pytest" ]] &&
+    if [[ -f "$marker" && "$(cat "$marker")" == "$package==$version pytest" ]] &&
         "$venv/bin/python" -c "
 import importlib.metadata as m, sys
-import e2b, pytest
-sys.exit(m.version('e2b') != '$version')" >/dev/null 2>&1; then
+import $package, pytest
+sys.exit(m.version('$package') != '$version')" >/dev/null 2>&1; then
         return 0
     fi
     rm -rf "$venv"
@@ -52,13 +56,14 @@ sys.exit(m.version('e2b') != '$version')" >/dev/null 2>&1; then
         fi
     fi
     run "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        "e2b==$version" pytest
-    run "$venv/bin/python" -c "import e2b, pytest"
-    echo "e2b==$version pytest" >"$marker"
+        "$package==$version" pytest
+    run "$venv/bin/python" -c "import $package, pytest"
+    echo "$package==$version pytest" >"$marker"
 }
 
-py_venv 2.63.0
-py_venv 2.50.0
+py_venv py-2.63.0 e2b 2.63.0
+py_venv py-2.50.0 e2b 2.50.0
+py_venv py-kube kubernetes 37.0.2
 
 # npm ci wipes and reinstalls node_modules; skip it while the installed tree still matches
 # the lock file (npm writes node_modules/.package-lock.json, a copy of what it installed).
