@@ -557,7 +557,7 @@ async fn bench_facade_list(
                 let base = reset_peak();
                 let t = Instant::now();
                 let snap = f.snapshot(None, labels, fields).await?;
-                let items = snap.entries.iter().map(|e| (&*e.record, e.revision));
+                let items = &snap.entries[..];
                 let body = if table {
                     objects::table(items, snap.revision, None, None)
                 } else {

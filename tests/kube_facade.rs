@@ -820,9 +820,11 @@ async fn the_wire_protocol() {
         .await
         .unwrap();
     let mut buf = Vec::new();
-        // Version 1 was never this gateway's (its versions start from its start time): the watch
+    // Version 1 was never this gateway's (its versions start from its start time): the watch
     // answers 410 Expired, and the client lists again.
-    let ev = next_event(&mut w, &mut buf, Duration::from_secs(10)).await.expect("an error event");
+    let ev = next_event(&mut w, &mut buf, Duration::from_secs(10))
+        .await
+        .expect("an error event");
     assert_eq!(ev["type"], "ERROR");
     assert_eq!(ev["object"]["code"], 410);
     assert_eq!(ev["object"]["reason"], "Expired");

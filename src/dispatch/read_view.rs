@@ -297,8 +297,8 @@ impl ReadView {
         self.read().revision
     }
 
-    /// The records that pass `keep`, sorted by namespace, then name, then id; and the revision
-    /// they are current as of.
+    /// The records that pass `keep`, sorted by claim ref (`<namespace>/<name>`), then id; and
+    /// the revision they are current as of.
     pub fn list(&self, keep: impl Fn(&SandboxRecord) -> bool) -> (Vec<Arc<SandboxRecord>>, u64) {
         let (entries, revision) = self.entries(keep);
         (entries.into_iter().map(|e| e.record).collect(), revision)
@@ -314,9 +314,9 @@ impl ReadView {
             .filter(|e| keep(&e.record))
             .cloned()
             .collect();
-        out.sort_by(|a, b| {
-            let (a, b) = (&a.record, &b.record);
-            (a.namespace(), a.name(), &a.id).cmp(&(b.namespace(), b.name(), &b.id))
+        // "<namespace>/<name>" order, as Kubernetes stores its keys.
+        out.sort_unstable_by(|a, b| {
+            (&a.record.claim_ref, &a.record.id).cmp(&(&b.record.claim_ref, &b.record.id))
         });
         (out, inner.revision)
     }

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
+use serde_json::Value;
 
 use super::types::{API_VERSION, KIND, keys};
-use crate::model::{Phase, SandboxRecord, pool::size_tier};
+use crate::dispatch::read_view::Entry;
+use crate::model::{Phase, SandboxRecord};
 
 /// Claim-metadata keys under which a sandbox's Kubernetes labels are kept on its node.
 pub const LABEL_PREFIX: &str = "k8s.label/";
@@ -19,18 +19,27 @@ pub fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-/// A stable UID for a claim (the same on every replica).
+/// A stable UID for a claim (the same on every replica, so no storage is needed): 128 bits
+/// hashed from the claim id, in UUID form. Not a secret, just unique per claim.
 pub fn uid(claim_id: &str) -> String {
-    let d = Sha256::digest(claim_id.as_bytes());
-    let h: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let fnv = |seed: u64| {
+        claim_id.bytes().fold(seed, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    };
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_be_bytes());
+    d[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142).to_be_bytes());
+    let mut out = String::with_capacity(36);
+    for (i, b) in d.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 0xf) as usize] as char);
+    }
+    out
 }
 
 /// The object name of a sandbox: the name it was claimed under, or, for a claim that named
@@ -96,111 +105,318 @@ fn host_of(address: &str) -> &str {
     address.rsplit_once(':').map_or(address, |(h, _)| h)
 }
 
-/// (status, reason, message) of the Ready condition.
-pub fn ready(r: &SandboxRecord) -> (&'static str, &'static str, String) {
+/// (status, reason) of the Ready condition.
+pub fn ready(r: &SandboxRecord) -> (&'static str, &'static str) {
     match r.phase {
-        Phase::Running => (
-            "True",
-            "DependenciesReady",
-            format!("sandbox {:?} is running on node {:?}", r.id, r.node),
-        ),
-        Phase::Paused => (
-            "False",
-            "SandboxSuspended",
-            format!("sandbox {:?} is paused on node {:?}", r.id, r.node),
-        ),
+        Phase::Running => ("True", "DependenciesReady"),
+        Phase::Paused => ("False", "SandboxSuspended"),
     }
 }
 
 pub fn status(r: &SandboxRecord) -> Value {
-    let (ready_status, reason, message) = ready(r);
-    let since = timestamp(r.claimed_at);
-    let suspended = if r.phase == Phase::Paused {
-        "True"
-    } else {
-        "False"
-    };
-    json!({
-        "nodeName": r.node,
-        "podIPs": if r.address.is_empty() { vec![] } else { vec![host_of(&r.address)] },
-        "conditions": [
-            {"type": "Ready", "status": ready_status, "reason": reason, "message": message,
-             "lastTransitionTime": since, "observedGeneration": 1},
-            {"type": "Suspended", "status": suspended,
-             "reason": if r.phase == Phase::Paused { "Paused" } else { "Running" },
-             "message": if r.phase == Phase::Paused { "the sandbox is frozen" } else { "the sandbox is running" },
-             "lastTransitionTime": since, "observedGeneration": 1}
-        ]
-    })
+    serde_json::to_value(status_json(r)).unwrap_or(Value::Null)
 }
 
-/// The spec a read shows: what the sandbox actually is (its template and size), since the
-/// submitted spec is not stored.
-fn spec(r: &SandboxRecord) -> Value {
-    let tier = size_tier(&r.key.size);
-    let (cpu, mem) = tier.map_or((1, 512), |t| (t.cpu_count, t.memory_bytes >> 20));
-    let quantities = json!({"cpu": cpu.to_string(), "memory": format!("{mem}Mi")});
-    let mut spec = json!({
-        "podTemplate": {
-            "metadata": {},
-            "spec": {"containers": [{"name": "sandbox", "image": r.key.template,
-                "resources": {"requests": quantities, "limits": quantities}}]}
-        },
-        "operatingMode": if r.phase == Phase::Paused { "Suspended" } else { "Running" },
-        "shutdownTime": timestamp(r.deadline),
-    });
-    if r.key.net != "none"
-        && let Some(o) = spec["podTemplate"]["metadata"].as_object_mut()
-    {
-        o.insert("annotations".into(), json!({keys::NET: r.key.net}));
+// ----- serialization without intermediate values: a list of 50,000 is written object by
+// object straight into the output buffer. -----
+
+/// `YYYY-MM-DDTHH:MM:SSZ`, written without allocating.
+struct Ts(DateTime<Utc>);
+
+impl Ts {
+    fn bytes(&self) -> [u8; 20] {
+        use chrono::{Datelike, Timelike};
+        let t = self.0;
+        let mut b = *b"0000-00-00T00:00:00Z";
+        let put = |b: &mut [u8; 20], at: usize, width: usize, mut v: u32| {
+            for i in (at..at + width).rev() {
+                b[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+        };
+        put(&mut b, 0, 4, t.year().clamp(0, 9999) as u32);
+        put(&mut b, 5, 2, t.month());
+        put(&mut b, 8, 2, t.day());
+        put(&mut b, 11, 2, t.hour());
+        put(&mut b, 14, 2, t.minute());
+        put(&mut b, 17, 2, t.second());
+        b
     }
-    spec
+}
+
+impl Serialize for Ts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let b = self.bytes();
+        // Only ASCII digits and separators were written.
+        s.serialize_str(std::str::from_utf8(&b).unwrap_or("1970-01-01T00:00:00Z"))
+    }
+}
+
+/// A number written as a JSON string (resource versions).
+struct NumStr(u64);
+
+impl Serialize for NumStr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+const SYSTEM_LABELS: [&str; 4] = [
+    keys::CLAIM_LABEL,
+    keys::NODE_LABEL,
+    keys::PHASE_LABEL,
+    keys::TEMPLATE_LABEL,
+];
+
+struct LabelsJson<'a>(&'a SandboxRecord);
+
+impl Serialize for LabelsJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let r = self.0;
+        let mut m = s.serialize_map(None)?;
+        for (k, v) in &r.metadata {
+            if let Some(k) = k.strip_prefix(LABEL_PREFIX)
+                && !SYSTEM_LABELS.contains(&k)
+            {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.serialize_entry(keys::CLAIM_LABEL, &name(r))?;
+        m.serialize_entry(keys::NODE_LABEL, &r.node)?;
+        m.serialize_entry(keys::PHASE_LABEL, phase_name(r.phase))?;
+        m.serialize_entry(keys::TEMPLATE_LABEL, &r.key.template)?;
+        m.end()
+    }
+}
+
+struct AnnotationsJson<'a>(&'a SandboxRecord);
+
+impl Serialize for AnnotationsJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let r = self.0;
+        let mut m = s.serialize_map(None)?;
+        if !r.address.is_empty() {
+            m.serialize_entry(keys::ADDRESS, &r.address)?;
+        }
+        m.serialize_entry(keys::CLAIM_ID, &r.id)?;
+        m.serialize_entry(keys::DEADLINE, &Ts(r.deadline))?;
+        if let Some(meta) = user_metadata(r) {
+            m.serialize_entry(keys::METADATA, &meta)?;
+        }
+        m.serialize_entry(keys::TEMPLATE, &r.key.template)?;
+        m.end()
+    }
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ObjectMetaOut<'a> {
-    pub name: Cow<'a, str>,
-    pub namespace: &'a str,
-    pub uid: String,
-    pub resource_version: String,
-    pub generation: i64,
-    pub creation_timestamp: String,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
+struct MetaJson<'a> {
+    name: Cow<'a, str>,
+    namespace: &'a str,
+    uid: String,
+    resource_version: NumStr,
+    generation: i64,
+    creation_timestamp: Ts,
+    labels: LabelsJson<'a>,
+    annotations: AnnotationsJson<'a>,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SandboxOut<'a> {
-    pub api_version: &'static str,
-    pub kind: &'static str,
-    pub metadata: ObjectMetaOut<'a>,
-    pub spec: Value,
-    pub status: Value,
-}
-
-pub fn meta(r: &SandboxRecord, revision: u64) -> ObjectMetaOut<'_> {
-    ObjectMetaOut {
+fn meta_json(r: &SandboxRecord, revision: u64) -> MetaJson<'_> {
+    MetaJson {
         name: name(r),
         namespace: r.namespace(),
         uid: uid(&r.id),
-        resource_version: revision.to_string(),
+        resource_version: NumStr(revision),
         generation: 1,
-        creation_timestamp: timestamp(r.claimed_at),
-        labels: labels(r),
-        annotations: annotations(r),
+        creation_timestamp: Ts(r.claimed_at),
+        labels: LabelsJson(r),
+        annotations: AnnotationsJson(r),
     }
 }
 
-pub fn sandbox(r: &SandboxRecord, revision: u64) -> SandboxOut<'_> {
-    SandboxOut {
-        api_version: API_VERSION,
-        kind: KIND,
-        metadata: meta(r, revision),
-        spec: spec(r),
-        status: status(r),
+#[derive(Serialize)]
+struct Quantities<'a> {
+    cpu: &'a str,
+    memory: &'a str,
+}
+
+#[derive(Serialize)]
+struct Resources<'a> {
+    requests: &'a Quantities<'a>,
+    limits: &'a Quantities<'a>,
+}
+
+#[derive(Serialize)]
+struct Container<'a> {
+    name: &'static str,
+    image: &'a str,
+    resources: Resources<'a>,
+}
+
+#[derive(Serialize)]
+struct PodSpecJson<'a> {
+    containers: [Container<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct NetAnnotation<'a> {
+    #[serde(rename = "sandbox.cocoonstack.io/net")]
+    net: &'a str,
+}
+
+#[derive(Serialize)]
+struct PodMetaJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<NetAnnotation<'a>>,
+}
+
+#[derive(Serialize)]
+struct PodTemplateJson<'a> {
+    metadata: PodMetaJson<'a>,
+    spec: PodSpecJson<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecJson<'a> {
+    pod_template: PodTemplateJson<'a>,
+    operating_mode: &'static str,
+    shutdown_time: Ts,
+}
+
+/// CPU and memory quantities of each size tier, as Kubernetes writes them.
+fn quantities(size: &str) -> Quantities<'static> {
+    match size {
+        "medium" => Quantities {
+            cpu: "2",
+            memory: "1024Mi",
+        },
+        "large" => Quantities {
+            cpu: "4",
+            memory: "4096Mi",
+        },
+        "xlarge" => Quantities {
+            cpu: "4",
+            memory: "8192Mi",
+        },
+        "2xlarge" => Quantities {
+            cpu: "8",
+            memory: "16384Mi",
+        },
+        _ => Quantities {
+            cpu: "1",
+            memory: "512Mi",
+        },
     }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ConditionJson {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    status: &'static str,
+    reason: &'static str,
+    message: &'static str,
+    last_transition_time: Ts,
+    observed_generation: i64,
+}
+
+/// Zero or one address, as a JSON array.
+struct PodIps<'a>(&'a str);
+
+impl Serialize for PodIps<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(usize::from(!self.0.is_empty())))?;
+        if !self.0.is_empty() {
+            seq.serialize_element(self.0)?;
+        }
+        seq.end()
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusJson<'a> {
+    node_name: &'a str,
+    #[serde(rename = "podIPs")]
+    pod_ips: PodIps<'a>,
+    conditions: [ConditionJson; 1],
+}
+
+fn status_json(r: &SandboxRecord) -> StatusJson<'_> {
+    let paused = r.phase == Phase::Paused;
+    let (ready_status, reason) = ready(r);
+    StatusJson {
+        node_name: &r.node,
+        pod_ips: PodIps(if r.address.is_empty() {
+            ""
+        } else {
+            host_of(&r.address)
+        }),
+        conditions: [ConditionJson {
+            ty: "Ready",
+            status: ready_status,
+            reason,
+            message: if paused { "paused" } else { "running" },
+            last_transition_time: Ts(r.claimed_at),
+            observed_generation: 1,
+        }],
+    }
+}
+
+/// A Sandbox object as reads show it.
+pub struct SandboxJson<'a> {
+    r: &'a SandboxRecord,
+    revision: u64,
+}
+
+impl Serialize for SandboxJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let r = self.r;
+        let q = quantities(&r.key.size);
+        let mut o = s.serialize_struct("Sandbox", 5)?;
+        o.serialize_field("apiVersion", API_VERSION)?;
+        o.serialize_field("kind", KIND)?;
+        o.serialize_field("metadata", &meta_json(r, self.revision))?;
+        o.serialize_field(
+            "spec",
+            &SpecJson {
+                pod_template: PodTemplateJson {
+                    metadata: PodMetaJson {
+                        annotations: (r.key.net != "none")
+                            .then_some(NetAnnotation { net: &r.key.net }),
+                    },
+                    spec: PodSpecJson {
+                        containers: [Container {
+                            name: "sandbox",
+                            image: &r.key.template,
+                            resources: Resources {
+                                requests: &q,
+                                limits: &q,
+                            },
+                        }],
+                    },
+                },
+                operating_mode: if r.phase == Phase::Paused {
+                    "Suspended"
+                } else {
+                    "Running"
+                },
+                shutdown_time: Ts(r.deadline),
+            },
+        )?;
+        o.serialize_field("status", &status_json(r))?;
+        o.end()
+    }
+}
+
+pub fn sandbox(r: &SandboxRecord, revision: u64) -> SandboxJson<'_> {
+    SandboxJson { r, revision }
 }
 
 /// Go's `duration.HumanDuration`, as the API server renders ages in tables.
@@ -322,98 +538,120 @@ const COLUMNS: [Column; 6] = [
 struct PartialObjectMetadata<'a> {
     api_version: &'static str,
     kind: &'static str,
-    metadata: ObjectMetaOut<'a>,
+    metadata: MetaJson<'a>,
 }
 
 #[derive(Serialize)]
 struct Row<'a> {
-    cells: [Cow<'a, str>; 6],
+    cells: (
+        Cow<'a, str>,
+        &'static str,
+        &'static str,
+        String,
+        &'a str,
+        &'a str,
+    ),
     object: PartialObjectMetadata<'a>,
+}
+
+fn row(r: &SandboxRecord, revision: u64, now: DateTime<Utc>) -> Row<'_> {
+    let (ready, reason) = ready(r);
+    Row {
+        cells: (
+            name(r),
+            ready,
+            reason,
+            human_duration(now - r.claimed_at),
+            &r.node,
+            &r.key.template,
+        ),
+        object: PartialObjectMetadata {
+            api_version: "meta.k8s.io/v1",
+            kind: "PartialObjectMetadata",
+            metadata: meta_json(r, revision),
+        },
+    }
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct TableMeta {
-    resource_version: String,
+struct ListMeta {
+    resource_version: NumStr,
     #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
     continue_token: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     remaining_item_count: Option<i64>,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Table<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: TableMeta,
-    column_definitions: &'static [Column; 6],
-    rows: Vec<Row<'a>>,
+/// Entries serialized one by one as a JSON array.
+struct Items<'a, T, F: Fn(&'a Entry) -> T> {
+    entries: &'a [Entry],
+    each: F,
 }
 
-fn row(r: &SandboxRecord, revision: u64, now: DateTime<Utc>) -> Row<'_> {
-    let (ready, reason, _) = ready(r);
-    Row {
-        cells: [
-            name(r),
-            Cow::Borrowed(ready),
-            Cow::Borrowed(reason),
-            Cow::Owned(human_duration(now - r.claimed_at)),
-            Cow::Borrowed(&r.node),
-            Cow::Borrowed(&r.key.template),
-        ],
-        object: PartialObjectMetadata {
-            api_version: "meta.k8s.io/v1",
-            kind: "PartialObjectMetadata",
-            metadata: meta(r, revision),
-        },
+impl<'a, T: Serialize, F: Fn(&'a Entry) -> T> Serialize for Items<'a, T, F> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.entries.len()))?;
+        for e in self.entries {
+            seq.serialize_element(&(self.each)(e))?;
+        }
+        seq.end()
     }
 }
 
-/// A `meta.k8s.io/v1` Table of `items` (record, revision) as of `revision`.
-pub fn table<'a>(
-    items: impl Iterator<Item = (&'a SandboxRecord, u64)>,
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListOut<I> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: ListMeta,
+    items: I,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TableOut<I> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: ListMeta,
+    column_definitions: &'static [Column; 6],
+    rows: I,
+}
+
+/// Bytes one listed object takes, to size the output once.
+const OBJECT_BYTES: usize = 1400;
+
+/// A `meta.k8s.io/v1` Table of `entries` as of `revision`.
+pub fn table(
+    entries: &[Entry],
     revision: u64,
     continue_token: Option<String>,
     remaining: Option<i64>,
 ) -> Vec<u8> {
     let now = Utc::now();
-    let t = Table {
+    let t = TableOut {
         api_version: "meta.k8s.io/v1",
         kind: "Table",
-        metadata: TableMeta {
-            resource_version: revision.to_string(),
+        metadata: ListMeta {
+            resource_version: NumStr(revision),
             continue_token,
             remaining_item_count: remaining,
         },
         column_definitions: &COLUMNS,
-        rows: items.map(|(r, rv)| row(r, rv, now)).collect(),
+        rows: Items {
+            entries,
+            each: |e: &Entry| row(&e.record, e.revision, now),
+        },
     };
-    serde_json::to_vec(&t).unwrap_or_default()
+    let mut out = Vec::with_capacity(entries.len() * OBJECT_BYTES / 2 + 1024);
+    let _ = serde_json::to_writer(&mut out, &t);
+    out
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ListMetaOut {
-    resource_version: String,
-    #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
-    continue_token: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    remaining_item_count: Option<i64>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ListOut<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: ListMetaOut,
-    items: Vec<SandboxOut<'a>>,
-}
-
-/// A `SandboxList`.
-pub fn list<'a>(
-    items: impl Iterator<Item = (&'a SandboxRecord, u64)>,
+/// A `SandboxList` of `entries` as of `revision`.
+pub fn list(
+    entries: &[Entry],
     revision: u64,
     continue_token: Option<String>,
     remaining: Option<i64>,
@@ -421,14 +659,19 @@ pub fn list<'a>(
     let l = ListOut {
         api_version: API_VERSION,
         kind: super::types::LIST_KIND,
-        metadata: ListMetaOut {
-            resource_version: revision.to_string(),
+        metadata: ListMeta {
+            resource_version: NumStr(revision),
             continue_token,
             remaining_item_count: remaining,
         },
-        items: items.map(|(r, rv)| sandbox(r, rv)).collect(),
+        items: Items {
+            entries,
+            each: |e: &Entry| sandbox(&e.record, e.revision),
+        },
     };
-    serde_json::to_vec(&l).unwrap_or_default()
+    let mut out = Vec::with_capacity(entries.len() * OBJECT_BYTES + 1024);
+    let _ = serde_json::to_writer(&mut out, &l);
+    out
 }
 
 #[cfg(test)]

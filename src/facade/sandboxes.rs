@@ -182,9 +182,7 @@ async fn list_or_watch(
     };
     let next = (end < total).then(|| facade.remember(snapshot.clone(), end));
     let remaining = next.as_ref().map(|_| (total - end) as i64);
-    let page = snapshot.entries[offset..end]
-        .iter()
-        .map(|e| (&*e.record, e.revision));
+    let page = &snapshot.entries[offset..end];
     let body = if table {
         objects::table(page, snapshot.revision, next, remaining)
     } else {
@@ -265,7 +263,11 @@ pub async fn get(
     let r = facade.find_one(&ns, &name).await?;
     let rv = facade.revision_of(&r.id);
     let body = if wants_table(&req) {
-        objects::table(std::iter::once((&r, rv)), rv, None, None)
+        let entry = Entry {
+            record: Arc::new(r),
+            revision: rv,
+        };
+        objects::table(std::slice::from_ref(&entry), rv, None, None)
     } else {
         serde_json::to_vec(&objects::sandbox(&r, rv)).unwrap_or_default()
     };

@@ -18,7 +18,7 @@ use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{KubeError, KubeResult};
 use super::types::{API_VERSION, KIND};
 use super::{Facade, ListSnapshot};
-use crate::dispatch::read_view::{ViewEvent, ViewEventKind};
+use crate::dispatch::read_view::{Entry, ViewEvent, ViewEventKind};
 use crate::model::SandboxRecord;
 
 type Tx = mpsc::Sender<Result<Bytes, std::io::Error>>;
@@ -38,9 +38,13 @@ impl Filter {
     }
 }
 
-fn event_line(kind: &str, r: &SandboxRecord, revision: u64, table: bool) -> Bytes {
+fn event_line(kind: &str, r: &Arc<SandboxRecord>, revision: u64, table: bool) -> Bytes {
     let object = if table {
-        objects::table(std::iter::once((r, revision)), revision, None, None)
+        let entry = Entry {
+            record: r.clone(),
+            revision,
+        };
+        objects::table(std::slice::from_ref(&entry), revision, None, None)
     } else {
         serde_json::to_vec(&objects::sandbox(r, revision)).unwrap_or_default()
     };
