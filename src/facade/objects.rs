@@ -619,8 +619,14 @@ struct TableOut<I> {
     rows: I,
 }
 
-/// Bytes one listed object takes, to size the output once.
-const OBJECT_BYTES: usize = 1400;
+/// An output buffer for `n` items the size of `first`, with a little room to spare, so that a
+/// large list is written without the buffer doubling.
+fn sized_buffer<T: Serialize>(first: Option<T>, n: usize) -> Vec<u8> {
+    let each = first
+        .and_then(|f| serde_json::to_vec(&f).ok())
+        .map_or(0, |b| b.len());
+    Vec::with_capacity(n * (each + each / 8) + 1024)
+}
 
 /// A `meta.k8s.io/v1` Table of `entries` as of `revision`.
 pub fn table(
@@ -644,7 +650,10 @@ pub fn table(
             each: |e: &Entry| row(&e.record, e.revision, now),
         },
     };
-    let mut out = Vec::with_capacity(entries.len() * OBJECT_BYTES / 2 + 1024);
+    let mut out = sized_buffer(
+        entries.first().map(|e| row(&e.record, e.revision, now)),
+        entries.len(),
+    );
     let _ = serde_json::to_writer(&mut out, &t);
     out
 }
@@ -669,7 +678,10 @@ pub fn list(
             each: |e: &Entry| sandbox(&e.record, e.revision),
         },
     };
-    let mut out = Vec::with_capacity(entries.len() * OBJECT_BYTES + 1024);
+    let mut out = sized_buffer(
+        entries.first().map(|e| sandbox(&e.record, e.revision)),
+        entries.len(),
+    );
     let _ = serde_json::to_writer(&mut out, &l);
     out
 }
