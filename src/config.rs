@@ -159,9 +159,28 @@ pub struct ServeArgs {
     /// Names the front-proxy certificate may carry (comma-separated).
     #[arg(long, value_delimiter = ',', requires = "delegate_auth")]
     pub requestheader_allowed_names: Vec<String>,
-    /// Kubeconfig for SubjectAccessReviews [default: the in-cluster service account].
-    #[arg(long, requires = "delegate_auth")]
-    pub authorization_kubeconfig: Option<PathBuf>,
+    /// Kubeconfig for the cluster (SubjectAccessReviews, NodeInventory objects)
+    /// [default: the in-cluster service account, or $KUBECONFIG].
+    #[arg(long, alias = "authorization-kubeconfig")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Cluster mode: find nodes from the NodeInventory objects they publish (beside any
+    /// --node). No embedded node is started.
+    #[arg(long)]
+    pub discover_nodes: bool,
+    /// A node whose NodeInventory was published longer ago than this leaves claims and lists.
+    #[arg(long, default_value_t = 90)]
+    pub inventory_stale_seconds: u64,
+    /// Where unpinned lists and watches learn discovered nodes' sandboxes from: `inventory`
+    /// (the published objects, lagging up to the publish interval) or `stream` (each node's
+    /// change stream, within a second) [default: inventory with --discover-nodes].
+    #[arg(long, value_enum, requires = "discover_nodes")]
+    pub read_view: Option<ReadViewSource>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReadViewSource {
+    Inventory,
+    Stream,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -205,6 +224,15 @@ pub struct NodeArgs {
     /// Do not put sandboxes in their own namespaces even when running as root.
     #[arg(long)]
     pub no_isolation: bool,
+    /// Cluster mode: publish this node's NodeInventory object (server-side apply).
+    #[arg(long)]
+    pub publish_inventory: bool,
+    /// How often the NodeInventory object is published.
+    #[arg(long, default_value_t = 30.0, requires = "publish_inventory")]
+    pub publish_interval_seconds: f64,
+    /// Kubeconfig for publishing [default: the in-cluster service account, or $KUBECONFIG].
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl NodeArgs {

@@ -2,6 +2,7 @@
 //! pools. One binary runs the gateway, the node daemon and the in-sandbox agent.
 
 pub mod agent;
+pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod e2b;

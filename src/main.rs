@@ -2,14 +2,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use sandbox_gateway::config::{Cli, Command, KeysCommand, NodeArgs, host_name};
-use sandbox_gateway::dispatch::DispatcherConfig;
+use sandbox_gateway::cluster::discover::DiscoveryConfig;
+use sandbox_gateway::cluster::{self, publish::Publisher};
+use sandbox_gateway::config::{Cli, Command, KeysCommand, NodeArgs, ReadViewSource, host_name};
+use sandbox_gateway::dispatch::{DispatcherConfig, ViewFeed};
 use sandbox_gateway::facade::auth::DelegationSource;
 use sandbox_gateway::model::{Error, Result, ids};
 use sandbox_gateway::node::NodeConfig;
 use sandbox_gateway::node::daemon::{self, DaemonConfig};
 use sandbox_gateway::node::runtime::process::AgentCommand;
 use sandbox_gateway::{agent, fsx, gateway};
+use tokio_util::sync::CancellationToken;
 
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -38,6 +41,16 @@ async fn run_node(args: NodeArgs) -> Result<()> {
     if created {
         println!("created fleet token in {}", token_file.display());
     }
+    let publish_interval = Duration::try_from_secs_f64(args.publish_interval_seconds)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| Error::invalid("--publish-interval-seconds must be a positive number"))?;
+    let publisher = if args.publish_inventory {
+        let client = cluster::client(args.kubeconfig.as_deref(), "--publish-inventory").await?;
+        Some(Publisher::new(client))
+    } else {
+        None
+    };
     let mut node = NodeConfig::new(args.name.clone().unwrap_or_else(host_name), &args.data_dir);
     node.templates_dir = args.templates_dir.clone();
     node.pools = args.pools.clone();
@@ -54,15 +67,41 @@ async fn run_node(args: NodeArgs) -> Result<()> {
         isolate: !args.no_isolation,
     })
     .await?;
+    let publishing = publisher.map(|p| {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(p.clone().run(
+            running.node().clone(),
+            publish_interval,
+            stop.clone(),
+        ));
+        (p, stop, task)
+    });
     println!(
         "node {} listening on {} (token in {})",
         running.node().name(),
         running.address,
         token_file.display()
     );
+    if publishing.is_some() {
+        println!(
+            "publishing NodeInventory {} every {publish_interval:?}",
+            running.node().name()
+        );
+    }
     gateway::stop_signal().await;
     tracing::info!("stopping");
-    running.stop().await
+    let node = running.node().clone();
+    let stopped = running.stop().await;
+    if let Some((publisher, stop, task)) = publishing {
+        stop.cancel();
+        let _ = task.await;
+        // The last publish says the node holds nothing now, so lists drop its sandboxes at
+        // once instead of after the staleness bound.
+        if let Err(e) = publisher.publish(&node).await {
+            tracing::warn!(error = %e, "the final NodeInventory publish failed");
+        }
+    }
+    stopped
 }
 
 fn main() -> ExitCode {
@@ -112,9 +151,20 @@ fn main() -> ExitCode {
                             delegate: s.delegate_auth.then_some(DelegationSource {
                                 requestheader_ca_file: s.requestheader_client_ca_file,
                                 allowed_names: s.requestheader_allowed_names,
-                                kubeconfig: s.authorization_kubeconfig,
+                                kubeconfig: s.kubeconfig.clone(),
                             }),
                         },
+                        cluster: s.discover_nodes.then(|| gateway::ClusterConfig {
+                            kubeconfig: s.kubeconfig.clone(),
+                            discovery: DiscoveryConfig {
+                                stale_after: Duration::from_secs(s.inventory_stale_seconds),
+                                feed: match s.read_view {
+                                    Some(ReadViewSource::Stream) => ViewFeed::Stream,
+                                    Some(ReadViewSource::Inventory) | None => ViewFeed::Inventory,
+                                },
+                                ..Default::default()
+                            },
+                        }),
                     }))
                 })
         }

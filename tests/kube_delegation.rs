@@ -11,45 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
+use common::certs::*;
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 use serde_json::{Value, json};
 
 const GV: &str = "/apis/agents.x-k8s.io/v1beta1";
 const KEY_A: &str = "e2b_a1b2a1b2a1b2a1b2a1b2a1b2a1b2a1b2a1b2a1b2";
-
-struct Ca {
-    pem: String,
-    key: KeyPair,
-}
-
-fn ca(name: &str) -> Ca {
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name.push(DnType::CommonName, name);
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let pem = p.self_signed(&key).unwrap().pem();
-    Ca { pem, key }
-}
-
-/// A certificate signed by `ca`: (certificate PEM, key PEM).
-fn leaf(ca: &Ca, cn: &str, server: bool) -> (String, String) {
-    let issuer = Issuer::from_ca_cert_pem(&ca.pem, &ca.key).unwrap();
-    let mut p = CertificateParams::new(if server {
-        vec!["localhost".to_string()]
-    } else {
-        vec![]
-    })
-    .unwrap();
-    p.distinguished_name.push(DnType::CommonName, cn);
-    if server {
-        p.subject_alt_names
-            .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
-    }
-    let key = KeyPair::generate().unwrap();
-    let cert = p.signed_by(&key, &issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
 
 #[derive(Default)]
 struct FakeApiserver {
@@ -90,19 +57,10 @@ async fn front_proxy_identity_and_subject_access_reviews() {
     let cluster_ca = ca("fake-cluster-ca");
     let front_proxy_ca = ca("front-proxy-ca");
     let rogue_ca = ca("rogue-ca");
-    let (api_cert, api_key) = leaf(&cluster_ca, "kube-apiserver", true);
 
     // The fake kube-apiserver.
     let state = Arc::new(FakeApiserver::default());
-    let tls = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(
-            sandbox_gateway::facade::tls::parse_certs(api_cert.as_bytes()).unwrap(),
-            rustls_pemfile::private_key(&mut api_key.as_bytes())
-                .unwrap()
-                .unwrap(),
-        )
-        .unwrap();
+    let tls = tls_server(&leaf(&cluster_ca, "kube-apiserver", true));
     let (s, fp_pem) = (state.clone(), front_proxy_ca.pem.clone());
     let server = HttpServer::new(move || {
         App::new()
@@ -126,17 +84,13 @@ async fn front_proxy_identity_and_subject_access_reviews() {
     let api_handle = api.handle();
     tokio::spawn(api);
 
-    use base64::Engine;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let kubeconfig = tmp.path().join("sa-kubeconfig");
-    std::fs::write(
+    write_kubeconfig(
         &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://{api_addr}\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: gateway-service-account\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
-            b64(&cluster_ca.pem)
-        ),
-    )
-    .unwrap();
+        &format!("https://{api_addr}"),
+        &cluster_ca,
+        "gateway-service-account",
+    );
     let keys = tmp.path().join("keys");
     std::fs::write(&keys, format!("{KEY_A} team-a\n")).unwrap();
     let data = tmp.path().join("gw");
@@ -153,7 +107,7 @@ async fn front_proxy_identity_and_subject_access_reviews() {
         "--pool".into(),
         "base=1".into(),
         "--delegate-auth".into(),
-        "--authorization-kubeconfig".into(),
+        "--kubeconfig".into(),
         kubeconfig.display().to_string(),
     ]);
     let line = gw.wait_line(

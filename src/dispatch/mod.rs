@@ -62,6 +62,16 @@ impl Default for DispatcherConfig {
     }
 }
 
+/// Where the read view learns a node's sandboxes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewFeed {
+    /// The node's change stream: every replica sees a change within milliseconds.
+    Stream,
+    /// The NodeInventory snapshots the node publishes (cluster mode): the publish cadence
+    /// bounds the lag, and the gateway holds no stream per node.
+    Inventory,
+}
+
 /// A claim as a surface asks for it.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest {
@@ -157,14 +167,32 @@ impl Dispatcher {
         &self.inner.owners
     }
 
-    /// Adds a node by address and starts following it.
+    /// Adds a node by address and starts following its change stream.
     pub fn add_node(&self, address: &str) -> Result<()> {
+        self.add_node_fed(address, ViewFeed::Stream)
+    }
+
+    /// Adds a node by address (nothing happens for a known one); `feed` says where its
+    /// sandboxes in the read view come from.
+    pub fn add_node_fed(&self, address: &str, feed: ViewFeed) -> Result<()> {
         let conn = NodeConn::new(address, &self.inner.token)?;
         let (handle, added) = self.inner.registry.add(conn);
         if added {
-            self.inner.tasks.spawn(self.clone().monitor(handle));
+            self.inner.tasks.spawn(self.clone().monitor(handle, feed));
         }
         Ok(())
+    }
+
+    /// Drops a node at once: it takes no more claims and its sandboxes leave the read view.
+    /// (Verbs on them still ask it, and answer Unavailable while it is unreachable.)
+    pub fn drop_node(&self, address: &str, name: &str) {
+        if let Some(h) = self.inner.registry.remove(address) {
+            h.mark_down();
+            if let Some(n) = h.name().filter(|n| n != name) {
+                self.inner.view.forget(&n);
+            }
+        }
+        self.inner.view.forget(name);
     }
 
     /// Forgets a node (its sandboxes leave the view once it is stale).
@@ -258,7 +286,7 @@ impl Dispatcher {
 
     // ----- following nodes -----
 
-    async fn monitor(self, h: Arc<NodeHandle>) {
+    async fn monitor(self, h: Arc<NodeHandle>, feed: ViewFeed) {
         let mut following = false;
         loop {
             if !self.is_registered(&h) {
@@ -276,7 +304,7 @@ impl Dispatcher {
                     }
                     h.set_info(info);
                     self.inner.registry.named(&h, &name);
-                    if !following {
+                    if !following && feed == ViewFeed::Stream {
                         following = true;
                         self.inner.tasks.spawn(self.clone().follow(h.clone(), name));
                     }

@@ -1,11 +1,13 @@
 //! The read view: every node's inventory merged into one list with a monotonic revision, for
-//! unpinned lists and watches. It follows each node's change stream; a node whose stream is
-//! lost keeps its entries until the staleness bound, then leaves the view.
+//! unpinned lists and watches. A node's entries come from its change stream (a node whose
+//! stream is lost keeps its entries until the staleness bound, then leaves the view) or, in
+//! cluster mode, from the snapshots it publishes as a NodeInventory object.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 
 use crate::model::{InventoryChange, InventoryEvent, SandboxRecord};
@@ -50,6 +52,11 @@ struct NodeSlice {
     /// A snapshot being received (between stream start or RESET and SYNCED).
     incoming: Option<HashMap<String, Arc<SandboxRecord>>>,
     lost_since: Option<Instant>,
+    /// Fed by published snapshots, which lag: what this dispatcher changed itself after a
+    /// snapshot was taken wins over that snapshot.
+    snapshots: bool,
+    /// Sandboxes this dispatcher changed, and when (snapshot-fed nodes only).
+    local: HashMap<String, DateTime<Utc>>,
 }
 
 #[derive(Default)]
@@ -57,9 +64,9 @@ struct Inner {
     revision: u64,
     nodes: HashMap<String, NodeSlice>,
     history: VecDeque<ViewEvent>,
-    /// Sandboxes this dispatcher released, until their node's stream confirms it: a late
-    /// event from before the release must not bring them back.
-    released: HashMap<String, Instant>,
+    /// Sandboxes this dispatcher released (id → node, when), until their node confirms it:
+    /// a late event or snapshot from before the release must not bring them back.
+    released: HashMap<String, (String, Instant)>,
 }
 
 /// How long a local release shadows stream events for its sandbox at most.
@@ -91,6 +98,16 @@ impl Default for ReadView {
 }
 
 impl Inner {
+    fn drop_node(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str) {
+        if let Some(slice) = self.nodes.remove(node) {
+            let mut gone: Vec<_> = slice.sandboxes.into_values().map(|e| e.record).collect();
+            gone.sort_by(|a, b| a.id.cmp(&b.id));
+            for rec in gone {
+                self.record(tx, ViewEventKind::Deleted, rec, None);
+            }
+        }
+    }
+
     fn record(
         &mut self,
         tx: &broadcast::Sender<ViewEvent>,
@@ -151,8 +168,14 @@ impl Inner {
     }
 
     /// Replaces a node's entries with the snapshot it just finished sending, announcing only
-    /// what differs.
-    fn settle(&mut self, tx: &broadcast::Sender<ViewEvent>, node: &str) {
+    /// what differs. `as_of` is when a published snapshot was taken; local changes made
+    /// after it are kept over what it says.
+    fn settle(
+        &mut self,
+        tx: &broadcast::Sender<ViewEvent>,
+        node: &str,
+        as_of: Option<DateTime<Utc>>,
+    ) {
         let Some(slice) = self.nodes.get_mut(node) else {
             return;
         };
@@ -161,9 +184,22 @@ impl Inner {
         };
         slice.lost_since = None;
         let old = std::mem::take(&mut slice.sandboxes);
-        // A complete snapshot settles every local release: keep shadowing what it still
-        // lists, forget the rest.
-        self.released.retain(|id, _| incoming.contains_key(id));
+        match as_of {
+            Some(as_of) => {
+                slice.local.retain(|_, at| *at > as_of);
+                for id in slice.local.keys() {
+                    match old.get(id) {
+                        Some(e) => incoming.insert(id.clone(), e.record.clone()),
+                        None => incoming.remove(id),
+                    };
+                }
+            }
+            None => slice.local.clear(),
+        }
+        // A complete snapshot settles this node's local releases: keep shadowing what it
+        // still lists, forget the rest.
+        self.released
+            .retain(|id, (n, _)| n != node || incoming.contains_key(id));
         incoming.retain(|id, _| !self.released.contains_key(id));
         let mut next: HashMap<String, Entry> = HashMap::with_capacity(incoming.len());
         for (id, entry) in &old {
@@ -239,7 +275,7 @@ impl ReadView {
                 inner.upsert(&self.tx, node, r)
             }
             InventoryChange::Deleted(r) => inner.remove(&self.tx, node, &r.id),
-            InventoryChange::Synced => inner.settle(&self.tx, node),
+            InventoryChange::Synced => inner.settle(&self.tx, node, None),
             InventoryChange::Reset => {
                 inner.nodes.entry(node.to_string()).or_default().incoming = Some(HashMap::new())
             }
@@ -250,11 +286,22 @@ impl ReadView {
     /// it at once instead of after the node's stream catches up.
     pub fn apply_local(&self, node: &str, change: LocalChange) {
         let mut inner = self.write();
+        if let Some(slice) = inner.nodes.get_mut(node)
+            && slice.snapshots
+        {
+            let id = match &change {
+                LocalChange::Upsert(r) => &r.id,
+                LocalChange::Released { id } | LocalChange::Deadline { id, .. } => id,
+            };
+            slice.local.insert(id.clone(), Utc::now());
+        }
         match change {
             LocalChange::Upsert(record) => inner.upsert(&self.tx, node, record.without_token()),
             LocalChange::Released { id } => {
                 inner.remove(&self.tx, node, &id);
-                inner.released.insert(id, Instant::now());
+                inner
+                    .released
+                    .insert(id, (node.to_string(), Instant::now()));
             }
             LocalChange::Deadline { id, deadline } => {
                 let current = inner
@@ -270,11 +317,33 @@ impl ReadView {
         }
     }
 
+    /// Replaces a node's entries with a snapshot it published at `as_of`.
+    pub fn replace(&self, node: &str, records: Vec<SandboxRecord>, as_of: DateTime<Utc>) {
+        let mut inner = self.write();
+        let slice = inner.nodes.entry(node.to_string()).or_default();
+        slice.snapshots = true;
+        slice.incoming = Some(
+            records
+                .into_iter()
+                .map(|r| (r.id.clone(), Arc::new(r.without_token())))
+                .collect(),
+        );
+        inner.settle(&self.tx, node, Some(as_of));
+    }
+
+    /// Drops a node's entries at once (it left the fleet).
+    pub fn forget(&self, node: &str) {
+        let mut inner = self.write();
+        inner.drop_node(&self.tx, node);
+    }
+
     /// Drops the entries of nodes whose streams have been lost for longer than `stale_after`.
     /// Returns the nodes dropped.
     pub fn sweep(&self, stale_after: Duration) -> Vec<String> {
         let mut inner = self.write();
-        inner.released.retain(|_, at| at.elapsed() < RELEASE_SHADOW);
+        inner
+            .released
+            .retain(|_, (_, at)| at.elapsed() < RELEASE_SHADOW);
         let stale: Vec<String> = inner
             .nodes
             .iter()
@@ -282,13 +351,7 @@ impl ReadView {
             .map(|(n, _)| n.clone())
             .collect();
         for node in &stale {
-            if let Some(slice) = inner.nodes.remove(node) {
-                let mut gone: Vec<_> = slice.sandboxes.into_values().map(|e| e.record).collect();
-                gone.sort_by(|a, b| a.id.cmp(&b.id));
-                for rec in gone {
-                    inner.record(&self.tx, ViewEventKind::Deleted, rec, None);
-                }
-            }
+            inner.drop_node(&self.tx, node);
         }
         stale
     }
@@ -509,6 +572,56 @@ mod tests {
         assert_eq!(v.len(), 1, "a lost node stays until it is stale");
         assert_eq!(v.sweep(Duration::ZERO), vec!["n1".to_string()]);
         assert_eq!(v.len(), 0);
+    }
+
+    #[test]
+    fn published_snapshots_do_not_undo_newer_local_changes() {
+        let v = ReadView::new();
+        let t0 = Utc::now() - chrono::TimeDelta::seconds(30);
+        v.replace("n1", vec![rec("a", "ns/a"), rec("b", "ns/b")], t0);
+        assert_eq!(v.len(), 2);
+        let before = v.revision();
+        v.replace("n1", vec![rec("a", "ns/a"), rec("b", "ns/b")], t0);
+        assert_eq!(
+            v.revision(),
+            before,
+            "an unchanged snapshot announces nothing"
+        );
+
+        // This replica claims "c", pauses "a" and releases "b"; the next snapshot was taken
+        // before any of that.
+        v.apply_local("n1", LocalChange::Upsert(Box::new(rec("c", "ns/c"))));
+        let mut paused = rec("a", "ns/a");
+        paused.phase = Phase::Paused;
+        v.apply_local("n1", LocalChange::Upsert(Box::new(paused)));
+        v.apply_local("n1", LocalChange::Released { id: "b".into() });
+        v.replace(
+            "n1",
+            vec![rec("a", "ns/a"), rec("b", "ns/b")],
+            t0 + chrono::TimeDelta::seconds(1),
+        );
+        assert!(
+            v.find_id("c").is_some(),
+            "an older snapshot keeps a newer claim"
+        );
+        assert_eq!(v.find_id("a").unwrap().phase, Phase::Paused);
+        assert!(v.find_id("b").is_none(), "nor brings back a release");
+
+        // A snapshot taken after the changes is the truth again: "c" was released elsewhere.
+        let mut paused = rec("a", "ns/a");
+        paused.phase = Phase::Paused;
+        v.replace(
+            "n1",
+            vec![paused],
+            Utc::now() + chrono::TimeDelta::seconds(1),
+        );
+        assert!(v.find_id("c").is_none());
+        assert_eq!(v.len(), 1);
+
+        v.forget("n1");
+        assert!(v.is_empty());
+        let (events, _) = v.watch(before).unwrap();
+        assert_eq!(events.last().unwrap().kind, ViewEventKind::Deleted);
     }
 
     #[test]

@@ -374,21 +374,7 @@ fn json_list(s: Option<&String>) -> Vec<String> {
 /// Connects to the cluster and settles the request-header trust: from flags, or from
 /// kube-apiserver's `kube-system/extension-apiserver-authentication` ConfigMap.
 pub async fn delegation(source: &DelegationSource) -> Result<(DelegationConfig, kube::Client)> {
-    crate::facade::tls::install_crypto();
-    let config = match &source.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| Error::invalid(format!("reading {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| Error::invalid(format!("kubeconfig {}: {e}", path.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            Error::invalid(format!("no cluster configuration for --delegate-auth: {e}"))
-        })?,
-    };
-    let client = kube::Client::try_from(config)
-        .map_err(|e| Error::invalid(format!("connecting to the cluster: {e}")))?;
+    let client = crate::cluster::client(source.kubeconfig.as_deref(), "--delegate-auth").await?;
     let mut cfg = DelegationConfig {
         allowed_names: source.allowed_names.clone(),
         ..Default::default()

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 
-use crate::dispatch::{Dispatcher, DispatcherConfig};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::discover::{Discovery, DiscoveryConfig};
+use crate::dispatch::{Dispatcher, DispatcherConfig, ViewFeed};
 use crate::e2b::auth::{self, ApiKeys};
 use crate::e2b::tokens::EnvdTokens;
 use crate::e2b::{self, E2b};
@@ -38,6 +41,22 @@ pub struct ServeConfig {
     pub envd_secret_file: Option<PathBuf>,
     pub dispatcher: DispatcherConfig,
     pub kube: KubeConfig,
+    /// Cluster mode: discover nodes from their NodeInventory objects.
+    pub cluster: Option<ClusterConfig>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ClusterConfig {
+    /// In-cluster when unset.
+    pub kubeconfig: Option<PathBuf>,
+    pub discovery: DiscoveryConfig,
+}
+
+impl ServeConfig {
+    /// True when the gateway uses nodes it does not run itself.
+    fn remote_nodes(&self) -> bool {
+        !self.nodes.is_empty() || self.cluster.is_some()
+    }
 }
 
 /// The Kubernetes facade's listener settings.
@@ -73,7 +92,7 @@ fn fleet_token(cfg: &ServeConfig) -> Result<String> {
         .node_token_file
         .clone()
         .unwrap_or_else(|| cfg.data_dir.join("node-token"));
-    if cfg.nodes.is_empty() {
+    if !cfg.remote_nodes() {
         let (token, created) = fsx::load_or_create_secret(&path, || ids::random_hex(32))
             .map_err(|e| Error::io(format!("fleet token file {}", path.display()), e))?;
         if created {
@@ -83,7 +102,7 @@ fn fleet_token(cfg: &ServeConfig) -> Result<String> {
     }
     let token = std::fs::read_to_string(&path).map_err(|e| {
         Error::invalid(format!(
-            "--node needs the fleet token the nodes use: could not read {} ({e}); pass --node-token-file",
+            "--node and --discover-nodes need the fleet token the nodes use: could not read {} ({e}); pass --node-token-file",
             path.display()
         ))
     })?;
@@ -111,7 +130,7 @@ fn api_keys(cfg: &ServeConfig) -> Result<(ApiKeys, Vec<String>)> {
             vec!["API keys: anonymous use allowed, any key works (namespace default)".into()],
         ));
     }
-    if !cfg.nodes.is_empty() {
+    if cfg.remote_nodes() {
         return Err(Error::invalid(
             "pass --api-keys FILE (lines `KEY NAMESPACE`) or --allow-anonymous",
         ));
@@ -154,7 +173,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let (keys, key_notes) = api_keys(&cfg)?;
     let tokens = envd_tokens(&cfg)?;
 
-    let embedded: Option<RunningNode> = if cfg.nodes.is_empty() {
+    let embedded: Option<RunningNode> = if !cfg.remote_nodes() {
         let mut node = NodeConfig::new("embedded", cfg.data_dir.join("node"));
         node.pools = cfg.pools.clone();
         let running = daemon::start(DaemonConfig {
@@ -185,6 +204,23 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             .wait_for_nodes(1, Duration::from_secs(10))
             .await?;
     }
+    let discovery_stop = CancellationToken::new();
+    let discovery = match &cfg.cluster {
+        Some(c) => {
+            let client =
+                crate::cluster::client(c.kubeconfig.as_deref(), "--discover-nodes").await?;
+            Some(
+                Discovery::start(
+                    client,
+                    dispatcher.clone(),
+                    c.discovery.clone(),
+                    discovery_stop.clone(),
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
 
     let metrics = Metrics::new()?;
     let keys = web::Data::new(keys);
@@ -287,7 +323,18 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             n.address,
             cfg.data_dir.join("node").display()
         ),
+        None if cfg.nodes.is_empty() => {}
         None => println!("nodes: {}", cfg.nodes.join(", ")),
+    }
+    if let Some(c) = &cfg.cluster {
+        let feed = match c.discovery.feed {
+            ViewFeed::Inventory => "their published NodeInventory objects",
+            ViewFeed::Stream => "their change streams",
+        };
+        println!(
+            "discovering nodes from NodeInventory objects ({} known); lists follow {feed}",
+            dispatcher.nodes().len()
+        );
     }
     println!("Kubernetes API listening on https://{kube_addr}");
     println!(
@@ -299,6 +346,10 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     stop_signal().await;
     tracing::info!("stopping");
     facade_closing.cancel();
+    discovery_stop.cancel();
+    if let Some(d) = discovery {
+        let _ = d.await;
+    }
     handle.stop(true).await;
     kube_handle.stop(true).await;
     let _ = serving.await;

@@ -25,6 +25,7 @@ pub struct Metrics {
     requests: IntCounterVec,
     latency: HistogramVec,
     nodes_up: IntGauge,
+    nodes_known: IntGauge,
     warm: IntGaugeVec,
     sandboxes: IntGauge,
 }
@@ -57,6 +58,11 @@ impl Metrics {
         .map_err(metric_err)?;
         let nodes_up = IntGauge::new("sandbox_gateway_nodes_up", "Nodes answering the dispatcher")
             .map_err(metric_err)?;
+        let nodes_known = IntGauge::new(
+            "sandbox_gateway_nodes_known",
+            "Nodes the dispatcher routes to (configured or discovered), answering or not",
+        )
+        .map_err(metric_err)?;
         let warm = IntGaugeVec::new(
             Opts::new(
                 "sandbox_gateway_warm_sandboxes",
@@ -74,6 +80,7 @@ impl Metrics {
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
             Box::new(nodes_up.clone()),
+            Box::new(nodes_known.clone()),
             Box::new(warm.clone()),
             Box::new(sandboxes.clone()),
         ] {
@@ -84,6 +91,7 @@ impl Metrics {
             requests,
             latency,
             nodes_up,
+            nodes_known,
             warm,
             sandboxes,
         }))
@@ -100,8 +108,10 @@ impl Metrics {
 
     /// The text exposition, with fleet gauges read at scrape time.
     pub fn render(&self, dispatcher: &Dispatcher) -> String {
+        let nodes = dispatcher.nodes();
         self.nodes_up
-            .set(dispatcher.nodes().iter().filter(|n| n.up).count() as i64);
+            .set(nodes.iter().filter(|n| n.up).count() as i64);
+        self.nodes_known.set(nodes.len() as i64);
         self.warm.reset();
         for (key, (warm, _)) in dispatcher.pools() {
             self.warm

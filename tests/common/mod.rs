@@ -13,6 +13,11 @@ use std::time::{Duration, Instant};
 
 use sandbox_gateway::dispatch::{Dispatcher, DispatcherConfig};
 
+pub mod certs;
+pub mod gateway;
+#[allow(unused_imports)]
+pub use gateway::{Gateway, KEY_A, KEY_B, Reply};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-gateway");
 
 /// A port that was free a moment ago (for processes that must come back on the same address).

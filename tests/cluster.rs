@@ -1,0 +1,812 @@
+//! Several nodes and several gateway replicas behaving as one system: claims spread over the
+//! nodes, any replica serves any sandbox, a dead node fails fast with 503 while the rest keep
+//! working, and a node that comes back serves its checkpoints again. Everything here is real
+//! processes on loopback.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+async fn nodes_up(gw: &Gateway) -> usize {
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("sandbox_gateway_nodes_up "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn wait_nodes_up(gw: &Gateway, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while nodes_up(gw).await != n {
+        assert!(Instant::now() < deadline, "gateway never saw {n} nodes up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn id_of(v: &Value) -> String {
+    v["sandboxID"].as_str().expect("sandboxID").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_two_replicas_one_system() {
+    let (tmp, token) = workspace();
+    let mut nodes: Vec<NodeProc> = (1..=3)
+        .map(|i| {
+            let name = format!("n{i}");
+            NodeProc::start(
+                &name,
+                &tmp.path().join(&name),
+                &token,
+                &format!("127.0.0.1:{}", free_port()),
+                &["--pool", "base/egress=3", "--pool", "base=0"],
+            )
+        })
+        .collect();
+    let token_arg = token.display().to_string();
+    let mut flags: Vec<&str> = vec!["--node-token-file", &token_arg];
+    for n in &nodes {
+        flags.extend(["--node", n.addr.as_str()]);
+    }
+    let mut gw1 = Gateway::start_named(tmp.path(), "gw1", &flags);
+    let mut gw2 = Gateway::start_named(tmp.path(), "gw2", &flags);
+    wait_nodes_up(&gw1, 3).await;
+    wait_nodes_up(&gw2, 3).await;
+    // The test's own view of who owns what, asked from the nodes directly.
+    let owners = dispatcher(TOKEN, &nodes.iter().collect::<Vec<_>>());
+    owners
+        .wait_for_nodes(3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let node_of = |id: String| {
+        let owners = owners.clone();
+        async move { owners.get(None, &id).await.expect("owner").node }
+    };
+
+    // 300 creates through both replicas, 20 at a time; each batch is placed, then deleted.
+    let mut placed: HashMap<String, usize> = HashMap::new();
+    for batch in 0..15 {
+        let creates = (0..20).map(|i| {
+            let gw = if i % 2 == 0 { &gw1 } else { &gw2 };
+            async move { id_of(&gw.create(KEY_A, json!({"templateID": "base"})).await) }
+        });
+        let ids = futures::future::join_all(creates).await;
+        for id in &ids {
+            *placed.entry(node_of(id.clone()).await).or_default() += 1;
+        }
+        let deletes = ids.iter().enumerate().map(|(i, id)| {
+            let gw = if (i + batch) % 2 == 0 { &gw2 } else { &gw1 };
+            async move {
+                gw.call(
+                    Method::DELETE,
+                    &format!("/sandboxes/{id}"),
+                    Some(KEY_A),
+                    None,
+                )
+                .await
+                .status
+            }
+        });
+        for status in futures::future::join_all(deletes).await {
+            assert_eq!(status, StatusCode::NO_CONTENT);
+        }
+    }
+    assert_eq!(placed.values().sum::<usize>(), 300);
+    assert_eq!(placed.len(), 3, "every node took claims: {placed:?}");
+    assert!(
+        placed.values().all(|&n| n <= 180),
+        "no node above 60%: {placed:?}"
+    );
+
+    // A sandbox created through replica 1 is at once gettable, pausable and deletable
+    // through replica 2.
+    let made = gw1
+        .create(
+            KEY_A,
+            json!({"templateID": "base", "metadata": {"via": "gw1"}}),
+        )
+        .await;
+    let id = id_of(&made);
+    let got = gw2
+        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_A), None)
+        .await;
+    assert_eq!(got.status, StatusCode::OK, "{:?}", got.body);
+    assert_eq!(got.body["metadata"]["via"], "gw1");
+    let other_tenant = gw2
+        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_B), None)
+        .await;
+    assert_eq!(other_tenant.status, StatusCode::NOT_FOUND);
+    let paused = gw2
+        .call(
+            Method::POST,
+            &format!("/sandboxes/{id}/pause"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert_eq!(paused.status, StatusCode::NO_CONTENT, "{:?}", paused.body);
+    let got = gw1
+        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_A), None)
+        .await;
+    assert_eq!(got.body["state"], "paused", "{:?}", got.body);
+    let deleted = gw2
+        .call(
+            Method::DELETE,
+            &format!("/sandboxes/{id}"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let gone = gw1
+        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_A), None)
+        .await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+
+    // A sandbox on n3 with a snapshot, then n3 dies without warning.
+    let mut victim = None;
+    // Sandboxes to delete at the end; those on n3 die with it.
+    let mut others = Vec::new();
+    let mut died = Vec::new();
+    for _ in 0..30 {
+        let id = id_of(&gw1.create(KEY_A, json!({"templateID": "base"})).await);
+        if node_of(id.clone()).await != "n3" {
+            others.push(id);
+        } else if victim.is_none() {
+            victim = Some(id);
+        } else {
+            died.push(id);
+        }
+    }
+    let victim = victim.expect("one of 30 claims landed on n3");
+    let snap = gw1
+        .call(
+            Method::POST,
+            &format!("/sandboxes/{victim}/snapshots"),
+            Some(KEY_A),
+            Some(json!({"name": "keep"})),
+        )
+        .await;
+    assert_eq!(snap.status, StatusCode::CREATED, "{:?}", snap.body);
+    let snap = snap.body["snapshotID"].as_str().unwrap().to_string();
+    nodes[2].proc.kill();
+
+    // Creates keep succeeding on the nodes that are left.
+    for i in 0..20 {
+        let gw = if i % 2 == 0 { &gw1 } else { &gw2 };
+        let id = id_of(&gw.create(KEY_A, json!({"templateID": "base"})).await);
+        assert_ne!(node_of(id.clone()).await, "n3");
+        others.push(id);
+    }
+    // Verbs on the dead node's sandbox fail fast with 503, on both replicas.
+    for gw in [&gw1, &gw2] {
+        for (method, path) in [
+            (Method::GET, format!("/sandboxes/{victim}")),
+            (Method::POST, format!("/sandboxes/{victim}/pause")),
+            (Method::DELETE, format!("/sandboxes/{victim}")),
+        ] {
+            let started = Instant::now();
+            let r = gw.call(method.clone(), &path, Some(KEY_A), None).await;
+            let took = started.elapsed();
+            assert_eq!(
+                r.status,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "{method} {path}: {:?}",
+                r.body
+            );
+            assert!(
+                r.body["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("n3"),
+                "the message names the node: {:?}",
+                r.body
+            );
+            assert!(
+                took < Duration::from_secs(2),
+                "{method} {path} took {took:?}"
+            );
+        }
+    }
+
+    // n3 comes back on its address and data: its checkpoint is listed and branchable, and
+    // the sandbox that died with it is reported gone (not unavailable).
+    nodes[2].restart();
+    wait_nodes_up(&gw1, 3).await;
+    wait_nodes_up(&gw2, 3).await;
+    let listed = gw2
+        .call(
+            Method::GET,
+            &format!("/snapshots?sandboxID={victim}"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert_eq!(
+        listed.body,
+        json!([{"snapshotID": snap.as_str(), "names": ["keep"]}])
+    );
+    let branch = gw2.create(KEY_A, json!({"templateID": snap})).await;
+    let branch_id = id_of(&branch);
+    assert_eq!(node_of(branch_id.clone()).await, "n3");
+    others.push(branch_id);
+    let dead = gw1
+        .call(
+            Method::GET,
+            &format!("/sandboxes/{victim}"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert_eq!(dead.status, StatusCode::NOT_FOUND, "{:?}", dead.body);
+    for id in &died {
+        let r = gw2
+            .call(
+                Method::DELETE,
+                &format!("/sandboxes/{id}"),
+                Some(KEY_A),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{id} died with n3");
+    }
+
+    for id in &others {
+        let r = gw1
+            .call(
+                Method::DELETE,
+                &format!("/sandboxes/{id}"),
+                Some(KEY_A),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{id}");
+    }
+    owners.shutdown().await;
+    gw1.proc.terminate();
+    gw2.proc.terminate();
+    let dirs: Vec<_> = nodes.iter().map(|n| n.sandboxes_dir()).collect();
+    for n in &mut nodes {
+        n.proc.terminate();
+    }
+    assert_no_leaks(tmp.path(), &dirs).await;
+}
+
+// ----- cluster mode against a fake kube-apiserver -----
+//
+// There is no kube-apiserver on these machines, so this fakes one at the wire: an HTTPS
+// server in the test that stores NodeInventory objects, answers server-side apply (PATCH with
+// `application/apply-patch+yaml`), lists with a resource version, streams watch events from
+// one, and deletes. The nodes and the gateway are the real binary using the kube crate.
+
+mod fake_kube {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use actix_web::{HttpRequest, HttpResponse, web};
+    use futures::StreamExt;
+    use serde_json::{Value, json};
+    use tokio::sync::broadcast;
+
+    pub const PATH: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/nodeinventories";
+
+    #[derive(Debug, Clone)]
+    pub struct Apply {
+        pub content_type: String,
+        pub query: BTreeMap<String, String>,
+        pub body: Value,
+    }
+
+    #[derive(Default)]
+    struct State {
+        rv: u64,
+        objects: BTreeMap<String, Value>,
+        history: Vec<(u64, Value)>,
+        applies: Vec<Apply>,
+        /// (bearer token, RBAC verb) of every request.
+        verbs: std::collections::BTreeSet<(String, String)>,
+    }
+
+    fn bearer(req: &HttpRequest) -> String {
+        req.headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    pub struct FakeKube {
+        state: Mutex<State>,
+        events: broadcast::Sender<(u64, Value)>,
+    }
+
+    impl FakeKube {
+        pub fn new() -> Arc<Self> {
+            Arc::new(FakeKube {
+                state: Mutex::new(State::default()),
+                events: broadcast::channel(1024).0,
+            })
+        }
+
+        fn change(&self, st: &mut State, kind: &str, mut obj: Value) -> Value {
+            st.rv += 1;
+            obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+            let name = obj["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if kind == "DELETED" {
+                st.objects.remove(&name);
+            } else {
+                st.objects.insert(name, obj.clone());
+            }
+            let ev = json!({"type": kind, "object": obj});
+            st.history.push((st.rv, ev.clone()));
+            let _ = self.events.send((st.rv, ev));
+            obj
+        }
+
+        /// Stores an object as if some client had applied it.
+        pub fn put(&self, obj: Value) {
+            let mut st = self.state.lock().unwrap();
+            let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+            let kind = if st.objects.contains_key(&name) {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
+            self.change(&mut st, kind, obj);
+        }
+
+        pub fn delete(&self, name: &str) {
+            let mut st = self.state.lock().unwrap();
+            if let Some(obj) = st.objects.get(name).cloned() {
+                self.change(&mut st, "DELETED", obj);
+            }
+        }
+
+        pub fn object(&self, name: &str) -> Option<Value> {
+            self.state.lock().unwrap().objects.get(name).cloned()
+        }
+
+        pub fn applies(&self) -> Vec<Apply> {
+            self.state.lock().unwrap().applies.clone()
+        }
+
+        /// The RBAC verbs the holder of `token` used.
+        pub fn verbs_of(&self, token: &str) -> std::collections::BTreeSet<String> {
+            let st = self.state.lock().unwrap();
+            st.verbs
+                .iter()
+                .filter(|(t, _)| t == token)
+                .map(|(_, v)| v.clone())
+                .collect()
+        }
+    }
+
+    type Query = web::Query<BTreeMap<String, String>>;
+
+    pub async fn list_or_watch(
+        kube: web::Data<Arc<FakeKube>>,
+        q: Query,
+        req: HttpRequest,
+    ) -> HttpResponse {
+        let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+        let mut st = kube.state.lock().unwrap();
+        let verb = if watching { "watch" } else { "list" };
+        st.verbs.insert((bearer(&req), verb.to_string()));
+        if !watching {
+            return HttpResponse::Ok().json(json!({
+                "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+                "kind": "NodeInventoryList",
+                "metadata": {"resourceVersion": st.rv.to_string()},
+                "items": st.objects.values().collect::<Vec<_>>(),
+            }));
+        }
+        let since: u64 = q
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(st.rv);
+        let backlog: Vec<(u64, Value)> = st
+            .history
+            .iter()
+            .filter(|(rv, _)| *rv > since)
+            .cloned()
+            .collect();
+        let last = backlog.last().map_or(since, |(rv, _)| *rv);
+        let live = tokio_stream::wrappers::BroadcastStream::new(kube.events.subscribe())
+            .filter_map(move |e| async move { e.ok().filter(|(rv, _)| *rv > last) });
+        drop(st);
+        let lines = futures::stream::iter(backlog)
+            .chain(live)
+            .map(|(_, ev)| Ok::<_, actix_web::Error>(web::Bytes::from(format!("{ev}\n"))));
+        HttpResponse::Ok()
+            .content_type("application/json")
+            .streaming(lines)
+    }
+
+    pub async fn apply(
+        kube: web::Data<Arc<FakeKube>>,
+        name: web::Path<String>,
+        q: Query,
+        req: HttpRequest,
+        body: web::Bytes,
+    ) -> HttpResponse {
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let Ok(parsed) = serde_json::from_slice::<Value>(&body) else {
+            return HttpResponse::BadRequest().finish();
+        };
+        let mut st = kube.state.lock().unwrap();
+        // Server-side apply that creates the object is authorized as create (upstream rule).
+        let verb = if st.objects.contains_key(name.as_str()) {
+            "patch"
+        } else {
+            "create"
+        };
+        st.verbs.insert((bearer(&req), verb.to_string()));
+        st.applies.push(Apply {
+            content_type,
+            query: q.into_inner(),
+            body: parsed.clone(),
+        });
+        if parsed["metadata"]["name"] != json!(name.as_str()) {
+            return HttpResponse::BadRequest().finish();
+        }
+        let created = !st.objects.contains_key(name.as_str());
+        let kind = if created { "ADDED" } else { "MODIFIED" };
+        let stored = kube.change(&mut st, kind, parsed);
+        if created {
+            HttpResponse::Created().json(stored)
+        } else {
+            HttpResponse::Ok().json(stored)
+        }
+    }
+}
+
+/// A running fake kube-apiserver and a kubeconfig for it.
+struct FakeCluster {
+    kube: std::sync::Arc<fake_kube::FakeKube>,
+    /// Credentials of the nodes' service account (token `node-sa`).
+    node_kubeconfig: std::path::PathBuf,
+    /// Credentials of the gateways' service account (token `gateway-sa`).
+    gateway_kubeconfig: std::path::PathBuf,
+    handle: actix_web::dev::ServerHandle,
+}
+
+fn fake_cluster(dir: &std::path::Path) -> FakeCluster {
+    use actix_web::{App, HttpServer, web};
+    let ca = common::certs::ca("fake-cluster-ca");
+    let tls = common::certs::tls_server(&common::certs::leaf(&ca, "kube-apiserver", true));
+    let kube = fake_kube::FakeKube::new();
+    let k = kube.clone();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(k.clone()))
+            .route(fake_kube::PATH, web::get().to(fake_kube::list_or_watch))
+            .route(
+                &format!("{}/{{name}}", fake_kube::PATH),
+                web::patch().to(fake_kube::apply),
+            )
+    })
+    .workers(2)
+    .disable_signals()
+    .bind_rustls_0_23("127.0.0.1:0", tls)
+    .unwrap();
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    let node_kubeconfig = dir.join("node-kubeconfig");
+    common::certs::write_kubeconfig(&node_kubeconfig, &format!("https://{addr}"), &ca, "node-sa");
+    let gateway_kubeconfig = dir.join("gateway-kubeconfig");
+    common::certs::write_kubeconfig(
+        &gateway_kubeconfig,
+        &format!("https://{addr}"),
+        &ca,
+        "gateway-sa",
+    );
+    FakeCluster {
+        kube,
+        node_kubeconfig,
+        gateway_kubeconfig,
+        handle,
+    }
+}
+
+async fn metric(gw: &Gateway, name: &str) -> i64 {
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1)
+}
+
+async fn until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn listed_ids(gw: &Gateway) -> Vec<String> {
+    let r = gw
+        .call(Method::GET, "/v2/sandboxes", Some(KEY_A), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    r.body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["sandboxID"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_publish_inventory_and_gateways_discover_them() {
+    let (tmp, token) = workspace();
+    let cluster = fake_cluster(tmp.path());
+    let kubeconfig = cluster.node_kubeconfig.display().to_string();
+    let gateway_kubeconfig = cluster.gateway_kubeconfig.display().to_string();
+    let publish = [
+        "--pool",
+        "base/egress=1",
+        "--pool",
+        "base=0",
+        "--publish-inventory",
+        "--publish-interval-seconds",
+        "1",
+        "--kubeconfig",
+        &kubeconfig,
+    ];
+    let mut n1 = NodeProc::start(
+        "n1",
+        &tmp.path().join("n1"),
+        &token,
+        "127.0.0.1:0",
+        &publish,
+    );
+
+    // The node's apply: its object, as server-side apply with its own field manager.
+    until("n1's first publish", Duration::from_secs(10), async || {
+        cluster.kube.object("n1").is_some()
+    })
+    .await;
+    let first = cluster.kube.applies()[0].clone();
+    assert_eq!(first.content_type, "application/apply-patch+yaml");
+    assert_eq!(
+        first.query.get("fieldManager").map(String::as_str),
+        Some("sandbox-gateway-node")
+    );
+    assert_eq!(first.query.get("force").map(String::as_str), Some("true"));
+    let body = &first.body;
+    assert_eq!(body["apiVersion"], "extensions.agents.x-k8s.io/v1beta1");
+    assert_eq!(body["kind"], "NodeInventory");
+    assert_eq!(body["metadata"]["name"], "n1");
+    assert_eq!(body["node"], "n1");
+    assert_eq!(body["address"], n1.addr.as_str());
+    let pools = body["pools"].as_array().unwrap();
+    assert!(
+        pools
+            .iter()
+            .any(|p| p["template"] == "base" && p["net"] == "egress" && p["target"] == 1),
+        "{pools:?}"
+    );
+    let published =
+        chrono::DateTime::parse_from_rfc3339(body["publishedAt"].as_str().unwrap()).unwrap();
+    assert!(
+        (chrono::Utc::now() - published.to_utc())
+            .num_seconds()
+            .abs()
+            < 30
+    );
+
+    // A gateway in cluster mode with no --node: it finds n1 from the list, n2 from the watch.
+    let token_arg = token.display().to_string();
+    let gw = Gateway::start_named(
+        tmp.path(),
+        "gw",
+        &[
+            "--discover-nodes",
+            "--kubeconfig",
+            &gateway_kubeconfig,
+            "--inventory-stale-seconds",
+            "3",
+            "--node-token-file",
+            &token_arg,
+        ],
+    );
+    until("n1 discovered", Duration::from_secs(10), async || {
+        metric(&gw, "sandbox_gateway_nodes_up").await == 1
+    })
+    .await;
+    let mut n2 = NodeProc::start(
+        "n2",
+        &tmp.path().join("n2"),
+        &token,
+        "127.0.0.1:0",
+        &publish,
+    );
+    until(
+        "n2 discovered through the watch",
+        Duration::from_secs(10),
+        async || metric(&gw, "sandbox_gateway_nodes_up").await == 2,
+    )
+    .await;
+
+    // A node object nobody refreshes is never used: it is older than the staleness bound.
+    cluster.kube.put(json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "NodeInventory",
+        "metadata": {"name": "ghost"}, "node": "ghost", "address": "127.0.0.1:9",
+        "entries": [{"name": "team-a/haunt", "id": "sb_00000000000000ff", "phase": "Running",
+                     "claimRef": "team-a/haunt", "deadline": "2099-01-01T00:00:00Z",
+                     "template": "base", "claimedAt": "2026-01-01T00:00:00Z"}],
+        "publishedAt": (chrono::Utc::now() - chrono::TimeDelta::minutes(10)).to_rfc3339(),
+    }));
+
+    // Lists come from the published objects: a claim made on n2 directly (not through this
+    // gateway) shows up after n2's next publish.
+    let direct = dispatcher(TOKEN, &[&n2]);
+    direct
+        .wait_for_nodes(1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let claimed = direct
+        .claim(sandbox_gateway::dispatch::ClaimRequest {
+            namespace: "team-a".into(),
+            name: "direct".into(),
+            key: sandbox_gateway::model::PoolKey::new("base", "egress", "small").unwrap(),
+            ttl_seconds: 600,
+            metadata: Default::default(),
+            env_vars: Default::default(),
+        })
+        .await
+        .unwrap();
+    let direct_id = claimed.record.id.clone();
+    // The e2b surface spells claim ids with a dash.
+    let direct_e2b = direct_id.replace('_', "-");
+    until(
+        "the direct claim in the gateway's list",
+        Duration::from_secs(10),
+        async || listed_ids(&gw).await.contains(&direct_e2b),
+    )
+    .await;
+    assert_eq!(
+        metric(&gw, "sandbox_gateway_nodes_known").await,
+        2,
+        "the ghost is not used"
+    );
+    assert!(
+        !listed_ids(&gw)
+            .await
+            .contains(&"sb-00000000000000ff".to_string())
+    );
+    let entries = cluster.kube.object("n2").unwrap()["entries"].clone();
+    assert!(
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["id"] == direct_id.as_str()
+                && e["name"] == "team-a/direct"
+                && e["claimRef"] == "team-a/direct"
+                && e["phase"] == "Running"),
+        "{entries:?}"
+    );
+    assert!(
+        !entries.to_string().contains(&claimed.record.token),
+        "tokens are never published"
+    );
+
+    // A create through the gateway is in its list at once (before any publish).
+    let made = id_of(&gw.create(KEY_A, json!({"templateID": "base"})).await);
+    assert!(listed_ids(&gw).await.contains(&made));
+
+    // A lost object is rebuilt by the next publish.
+    cluster.kube.delete("n1");
+    until("n1's object rebuilt", Duration::from_secs(10), async || {
+        cluster.kube.object("n1").is_some()
+    })
+    .await;
+    until(
+        "n1 back in the fleet",
+        Duration::from_secs(10),
+        async || metric(&gw, "sandbox_gateway_nodes_known").await == 2,
+    )
+    .await;
+
+    // n2 dies without a word: its object goes stale, so it leaves claims and lists.
+    n2.proc.kill();
+    until("n2 dropped as stale", Duration::from_secs(15), async || {
+        metric(&gw, "sandbox_gateway_nodes_known").await == 1
+    })
+    .await;
+    assert!(!listed_ids(&gw).await.contains(&direct_e2b));
+    for _ in 0..3 {
+        let id = id_of(&gw.create(KEY_A, json!({"templateID": "base"})).await);
+        let r = gw
+            .call(
+                Method::DELETE,
+                &format!("/sandboxes/{id}"),
+                Some(KEY_A),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT);
+    }
+
+    // A node that stops cleanly publishes once more, with nothing in it.
+    let r = gw
+        .call(
+            Method::DELETE,
+            &format!("/sandboxes/{made}"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert!(r.status == StatusCode::NO_CONTENT || r.status == StatusCode::SERVICE_UNAVAILABLE);
+    let before = cluster.kube.applies().len();
+    n1.proc.terminate();
+    let last = cluster.kube.applies();
+    assert!(last.len() > before, "a publish at shutdown");
+    let final_object = cluster.kube.object("n1").unwrap();
+    assert!(final_object.get("entries").is_none(), "{final_object}");
+    assert!(
+        final_object["pools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|p| p["warm"] == 0),
+        "{final_object}"
+    );
+
+    // What each used is what deploy/ grants it.
+    let granted = |v: &[&str]| {
+        v.iter()
+            .map(|s| s.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(
+        cluster.kube.verbs_of("gateway-sa"),
+        granted(sandbox_gateway::cluster::GATEWAY_VERBS)
+    );
+    assert_eq!(
+        cluster.kube.verbs_of("node-sa"),
+        granted(sandbox_gateway::cluster::NODE_VERBS)
+    );
+
+    let mut gw = gw;
+    gw.proc.terminate();
+    direct.shutdown().await;
+    // n2 cleans up after its crash when it starts again.
+    n2.restart();
+    n2.proc.terminate();
+    cluster.handle.stop(true).await;
+    assert_no_leaks(tmp.path(), &[n1.sandboxes_dir(), n2.sandboxes_dir()]).await;
+}

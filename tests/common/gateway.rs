@@ -1,0 +1,105 @@
+//! A gateway process driven over the e2b REST API, with two tenants.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use super::Proc;
+
+pub const KEY_A: &str = "e2b_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+pub const KEY_B: &str = "e2b_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+pub struct Gateway {
+    pub proc: Proc,
+    pub url: String,
+    pub data: std::path::PathBuf,
+    pub http: reqwest::Client,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Gateway {
+    /// A gateway on a free port with two tenants (team-a, team-b); `extra` adds flags.
+    pub fn start(tmp: &std::path::Path, extra: &[&str]) -> Gateway {
+        Self::start_named(tmp, "gw", extra)
+    }
+
+    /// Like `start`, with its data in `tmp/name` (for several replicas side by side).
+    pub fn start_named(tmp: &std::path::Path, name: &str, extra: &[&str]) -> Gateway {
+        let data = tmp.join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        let keys = tmp.join("api-keys");
+        std::fs::write(
+            &keys,
+            format!("# tenants\n{KEY_A} team-a\n{KEY_B} team-b\n"),
+        )
+        .unwrap();
+        let mut args: Vec<String> = [
+            "serve",
+            "--e2b-listen",
+            "127.0.0.1:0",
+            "--kube-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data.display().to_string(),
+            "--api-keys",
+            &keys.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut proc = Proc::spawn(&args);
+        let line = proc.wait_line("e2b API listening on http://", Duration::from_secs(60));
+        let url = line.rsplit(' ').next().unwrap().trim().to_string();
+        Gateway {
+            proc,
+            url,
+            data,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(k) = key {
+            req = req.header("X-API-KEY", k);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.expect("request");
+        let status = res.status();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap_or_default();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn create(&self, key: &str, body: Value) -> Value {
+        let r = self
+            .call(Method::POST, "/v2/sandboxes", Some(key), Some(body))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        r.body
+    }
+}
