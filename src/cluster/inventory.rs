@@ -280,7 +280,7 @@ mod tests {
             from_checkpoint: None,
             forked_from: Some("sb_0000000000000001".into()),
             node: "n1".into(),
-            cpu_count: 2,
+            cpu_count: 1,
             memory_bytes: 512 << 20,
             state_dir: "/var/lib/x".into(),
             disk_bytes: 10,
