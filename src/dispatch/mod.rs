@@ -175,6 +175,16 @@ impl Dispatcher {
     /// Adds a node by address (nothing happens for a known one); `feed` says where its
     /// sandboxes in the read view come from.
     pub fn add_node_fed(&self, address: &str, feed: ViewFeed) -> Result<()> {
+        // Discovery re-adds every node on each publish: skip building a connection for it.
+        if self
+            .inner
+            .registry
+            .all()
+            .iter()
+            .any(|h| h.address() == address)
+        {
+            return Ok(());
+        }
         let conn = NodeConn::new(address, &self.inner.token)?;
         let (handle, added) = self.inner.registry.add(conn);
         if added {

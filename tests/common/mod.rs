@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use sandbox_gateway::dispatch::{Dispatcher, DispatcherConfig};
 
 pub mod certs;
+pub mod fake_kube;
 pub mod gateway;
 #[allow(unused_imports)]
 pub use gateway::{Gateway, KEY_A, KEY_B, Reply};
