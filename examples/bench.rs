@@ -1075,6 +1075,18 @@ struct ClusterBench {
     visibility: Visibility,
 }
 
+/// A `| name | samples | p50 | p90 | p99 |` table row.
+fn summary_row(o: &mut String, name: &str, s: &Summary) {
+    let _ = writeln!(
+        o,
+        "| {name} | {} | {} | {} | {} |",
+        s.n,
+        ms(s.p50),
+        ms(s.p90),
+        ms(s.p99)
+    );
+}
+
 fn render_cluster(o: &mut String, c: &ClusterBench) {
     let _ = writeln!(
         o,
@@ -1140,14 +1152,7 @@ fn render_cluster(o: &mut String, c: &ClusterBench) {
         ("inventory objects", &v.inventory),
         ("change streams", &v.stream),
     ] {
-        let _ = writeln!(
-            o,
-            "| {name} | {} | {} | {} | {} |",
-            s.n,
-            ms(s.p50),
-            ms(s.p90),
-            ms(s.p99)
-        );
+        summary_row(o, name, s);
     }
     let _ = writeln!(
         o,
@@ -1362,14 +1367,7 @@ fn render(
     let _ = writeln!(o, "| create | samples | p50 | p90 | p99 |");
     let _ = writeln!(o, "|---|---|---|---|---|");
     for (name, s) in [("facade (HTTPS)", &f.create), ("e2b (HTTP)", &f.e2b_create)] {
-        let _ = writeln!(
-            o,
-            "| {name} | {} | {} | {} | {} |",
-            s.n,
-            ms(s.p50),
-            ms(s.p90),
-            ms(s.p99)
-        );
+        summary_row(&mut o, name, s);
     }
     let _ = writeln!(
         o,

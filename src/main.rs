@@ -32,6 +32,8 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 async fn run_node(args: NodeArgs) -> Result<()> {
+    // From here on a stop request waits for startup to finish, then stops cleanly.
+    let stop = gateway::stop_signal();
     let token_file = args
         .token_file
         .clone()
@@ -88,7 +90,7 @@ async fn run_node(args: NodeArgs) -> Result<()> {
             running.node().name()
         );
     }
-    gateway::stop_signal().await;
+    stop.await;
     tracing::info!("stopping");
     let node = running.node().clone();
     let stopped = running.stop().await;

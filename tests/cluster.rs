@@ -12,25 +12,9 @@ use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-async fn nodes_up(gw: &Gateway) -> usize {
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("sandbox_gateway_nodes_up "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 async fn wait_nodes_up(gw: &Gateway, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while nodes_up(gw).await != n {
+    while gw.metric("sandbox_gateway_nodes_up").await != n as i64 {
         assert!(Instant::now() < deadline, "gateway never saw {n} nodes up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -88,16 +72,7 @@ async fn three_nodes_two_replicas_one_system() {
         }
         let deletes = ids.iter().enumerate().map(|(i, id)| {
             let gw = if (i + batch) % 2 == 0 { &gw2 } else { &gw1 };
-            async move {
-                gw.call(
-                    Method::DELETE,
-                    &format!("/sandboxes/{id}"),
-                    Some(KEY_A),
-                    None,
-                )
-                .await
-                .status
-            }
+            async move { gw.kill(KEY_A, id).await }
         });
         for status in futures::future::join_all(deletes).await {
             assert_eq!(status, StatusCode::NO_CONTENT);
@@ -119,14 +94,10 @@ async fn three_nodes_two_replicas_one_system() {
         )
         .await;
     let id = id_of(&made);
-    let got = gw2
-        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_A), None)
-        .await;
+    let got = gw2.get(KEY_A, &id).await;
     assert_eq!(got.status, StatusCode::OK, "{:?}", got.body);
     assert_eq!(got.body["metadata"]["via"], "gw1");
-    let other_tenant = gw2
-        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_B), None)
-        .await;
+    let other_tenant = gw2.get(KEY_B, &id).await;
     assert_eq!(other_tenant.status, StatusCode::NOT_FOUND);
     let paused = gw2
         .call(
@@ -137,22 +108,10 @@ async fn three_nodes_two_replicas_one_system() {
         )
         .await;
     assert_eq!(paused.status, StatusCode::NO_CONTENT, "{:?}", paused.body);
-    let got = gw1
-        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_A), None)
-        .await;
+    let got = gw1.get(KEY_A, &id).await;
     assert_eq!(got.body["state"], "paused", "{:?}", got.body);
-    let deleted = gw2
-        .call(
-            Method::DELETE,
-            &format!("/sandboxes/{id}"),
-            Some(KEY_A),
-            None,
-        )
-        .await;
-    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
-    let gone = gw1
-        .call(Method::GET, &format!("/sandboxes/{id}"), Some(KEY_A), None)
-        .await;
+    assert_eq!(gw2.kill(KEY_A, &id).await, StatusCode::NO_CONTENT);
+    let gone = gw1.get(KEY_A, &id).await;
     assert_eq!(gone.status, StatusCode::NOT_FOUND);
 
     // A sandbox on n3 with a snapshot, then n3 dies without warning.
@@ -242,37 +201,18 @@ async fn three_nodes_two_replicas_one_system() {
     let branch_id = id_of(&branch);
     assert_eq!(node_of(branch_id.clone()).await, "n3");
     others.push(branch_id);
-    let dead = gw1
-        .call(
-            Method::GET,
-            &format!("/sandboxes/{victim}"),
-            Some(KEY_A),
-            None,
-        )
-        .await;
+    let dead = gw1.get(KEY_A, &victim).await;
     assert_eq!(dead.status, StatusCode::NOT_FOUND, "{:?}", dead.body);
     for id in &died {
-        let r = gw2
-            .call(
-                Method::DELETE,
-                &format!("/sandboxes/{id}"),
-                Some(KEY_A),
-                None,
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::NOT_FOUND, "{id} died with n3");
+        assert_eq!(
+            gw2.kill(KEY_A, id).await,
+            StatusCode::NOT_FOUND,
+            "{id} died with n3"
+        );
     }
 
     for id in &others {
-        let r = gw1
-            .call(
-                Method::DELETE,
-                &format!("/sandboxes/{id}"),
-                Some(KEY_A),
-                None,
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::NO_CONTENT, "{id}");
+        assert_eq!(gw1.kill(KEY_A, id).await, StatusCode::NO_CONTENT, "{id}");
     }
     owners.shutdown().await;
     gw1.proc.terminate();
@@ -288,22 +228,6 @@ async fn three_nodes_two_replicas_one_system() {
 //
 // There is no kube-apiserver on these machines, so `common::fake_kube` fakes one at the wire
 // (see there). The nodes and the gateway are the real binary using the kube crate.
-
-async fn metric(gw: &Gateway, name: &str) -> i64 {
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(-1)
-}
 
 async fn until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + timeout;
@@ -401,7 +325,7 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
         ],
     );
     until("n1 discovered", Duration::from_secs(10), async || {
-        metric(&gw, "sandbox_gateway_nodes_up").await == 1
+        gw.metric("sandbox_gateway_nodes_up").await == 1
     })
     .await;
     let mut n2 = NodeProc::start(
@@ -414,7 +338,7 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
     until(
         "n2 discovered through the watch",
         Duration::from_secs(10),
-        async || metric(&gw, "sandbox_gateway_nodes_up").await == 2,
+        async || gw.metric("sandbox_gateway_nodes_up").await == 2,
     )
     .await;
 
@@ -456,7 +380,7 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
     )
     .await;
     assert_eq!(
-        metric(&gw, "sandbox_gateway_nodes_known").await,
+        gw.metric("sandbox_gateway_nodes_known").await,
         2,
         "the ghost is not used"
     );
@@ -495,40 +419,25 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
     until(
         "n1 back in the fleet",
         Duration::from_secs(10),
-        async || metric(&gw, "sandbox_gateway_nodes_known").await == 2,
+        async || gw.metric("sandbox_gateway_nodes_known").await == 2,
     )
     .await;
 
     // n2 dies without a word: its object goes stale, so it leaves claims and lists.
     n2.proc.kill();
     until("n2 dropped as stale", Duration::from_secs(15), async || {
-        metric(&gw, "sandbox_gateway_nodes_known").await == 1
+        gw.metric("sandbox_gateway_nodes_known").await == 1
     })
     .await;
     assert!(!listed_ids(&gw).await.contains(&direct_e2b));
     for _ in 0..3 {
         let id = id_of(&gw.create(KEY_A, json!({"templateID": "base"})).await);
-        let r = gw
-            .call(
-                Method::DELETE,
-                &format!("/sandboxes/{id}"),
-                Some(KEY_A),
-                None,
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::NO_CONTENT);
+        assert_eq!(gw.kill(KEY_A, &id).await, StatusCode::NO_CONTENT);
     }
 
     // A node that stops cleanly publishes once more, with nothing in it.
-    let r = gw
-        .call(
-            Method::DELETE,
-            &format!("/sandboxes/{made}"),
-            Some(KEY_A),
-            None,
-        )
-        .await;
-    assert!(r.status == StatusCode::NO_CONTENT || r.status == StatusCode::SERVICE_UNAVAILABLE);
+    let status = gw.kill(KEY_A, &made).await;
+    assert!(status == StatusCode::NO_CONTENT || status == StatusCode::SERVICE_UNAVAILABLE);
     let before = cluster.kube.applies().len();
     n1.proc.terminate();
     let last = cluster.kube.applies();

@@ -185,6 +185,13 @@ fn named<'a, T: kube::Resource<DynamicType = ()>>(items: &'a [T], name: &str) ->
         .unwrap_or_else(|| panic!("no {} named {name}", T::kind(&())))
 }
 
+fn labels(t: &k8s_openapi::api::core::v1::PodTemplateSpec) -> BTreeMap<String, String> {
+    t.metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .expect("pod labels")
+}
+
 fn container_args(pod: &PodSpec) -> Vec<String> {
     let c = &pod.containers[0];
     let mut args = vec!["sandbox-gateway".to_string()];
@@ -329,28 +336,11 @@ fn check(objects: &Objects) {
     assert_eq!(gw.metadata.namespace.as_deref(), Some(ns.as_str()));
     let spec = gw.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(2));
-    let pod_labels = spec
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .labels
-        .clone()
-        .unwrap();
+    let pod_labels = labels(&spec.template);
     let selector = svc.spec.as_ref().unwrap().selector.clone().unwrap();
     assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
     let node_ds = named(&objects.daemon_sets, "sandbox-gateway-node");
-    let node_labels = node_ds
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .labels
-        .clone()
-        .unwrap();
+    let node_labels = labels(&node_ds.spec.as_ref().unwrap().template);
     assert!(
         !selector.iter().all(|(k, v)| node_labels.get(k) == Some(v)),
         "the Service must not select node pods"

@@ -760,15 +760,7 @@ async fn e2b_wire_contract() {
     );
 
     // Prometheus metrics count requests by route pattern, not by raw path.
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     assert!(text.contains(r#"route="/sandboxes/{id}""#), "{text}");
     assert!(text.contains("sandbox_gateway_nodes_up 1"));
 

@@ -71,19 +71,30 @@ pub struct KubeConfig {
     pub delegate: Option<crate::facade::auth::DelegationSource>,
 }
 
-/// Resolves when the process is asked to stop (SIGINT or SIGTERM).
-pub async fn stop_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// Resolves when the process is asked to stop (SIGINT or SIGTERM). The handlers are in place
+/// when this returns, so call it before announcing readiness: a signal that arrives before
+/// the future is awaited still stops cleanly instead of killing the process.
+pub fn stop_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut t), Ok(mut i)) => {
+                tokio::select! {
+                    _ = t.recv() => {}
+                    _ = i.recv() => {}
+                }
+            }
+            (Ok(mut s), Err(e)) | (Err(e), Ok(mut s)) => {
+                tracing::error!(error = %e, "cannot watch one of SIGTERM and SIGINT");
+                s.recv().await;
+            }
+            (Err(e), Err(_)) => {
+                tracing::error!(error = %e, "cannot watch SIGTERM or SIGINT; stop with SIGKILL");
+                std::future::pending::<()>().await;
+            }
         }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }
 
@@ -167,6 +178,8 @@ async fn metrics_route(metrics: web::Data<Arc<Metrics>>, e2b: web::Data<E2b>) ->
 }
 
 pub async fn run(cfg: ServeConfig) -> Result<()> {
+    // From here on a stop request waits for startup to finish, then stops cleanly.
+    let stop = stop_signal();
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| Error::io(format!("creating {}", cfg.data_dir.display()), e))?;
     let token = fleet_token(&cfg)?;
@@ -343,7 +356,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     );
     println!("press Ctrl-C to stop");
 
-    stop_signal().await;
+    stop.await;
     tracing::info!("stopping");
     facade_closing.cancel();
     discovery_stop.cancel();

@@ -103,3 +103,42 @@ impl Gateway {
         r.body
     }
 }
+
+impl Gateway {
+    /// The Prometheus text at /metrics.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// The value of an unlabelled gauge or counter (-1 when absent).
+    pub async fn metric(&self, name: &str) -> i64 {
+        self.metrics_text()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(-1)
+    }
+}
+
+impl Gateway {
+    /// `DELETE /sandboxes/{id}`: the status.
+    pub async fn kill(&self, key: &str, id: &str) -> StatusCode {
+        self.call(Method::DELETE, &format!("/sandboxes/{id}"), Some(key), None)
+            .await
+            .status
+    }
+
+    /// `GET /sandboxes/{id}`.
+    pub async fn get(&self, key: &str, id: &str) -> Reply {
+        self.call(Method::GET, &format!("/sandboxes/{id}"), Some(key), None)
+            .await
+    }
+}
