@@ -837,6 +837,11 @@ async fn instances_that_die_are_noticed() {
     for pid in processes_under(&victim) {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+    // SIGKILL lands asynchronously; the claim below is about an instance that is dead.
+    eventually(Duration::from_secs(5), "the warm agent dies", || {
+        processes_under(&victim).is_empty()
+    })
+    .await;
     let a = d.claim(claim_req("ns", "a", 600)).await.unwrap().record;
     assert_ne!(
         a.state_dir,
