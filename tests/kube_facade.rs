@@ -464,6 +464,61 @@ async fn kubectl_drives_sandboxes() {
             .starts_with("e2b-")
     );
 
+    // The fleet as NodeInventory objects, as a cluster would hold them: the node, its pools,
+    // and the sandboxes this key may see.
+    let inventories: Value = serde_json::from_str(&k.ok(
+        &[
+            "get",
+            "nodeinventories.extensions.agents.x-k8s.io",
+            "-o",
+            "json",
+        ],
+        None,
+    ))
+    .unwrap();
+    let items = inventories["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{inventories}");
+    let node = &items[0];
+    assert_eq!(node["metadata"]["name"], "embedded");
+    assert!(
+        node["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["template"] == "base" && p["target"].as_u64() > Some(0)),
+        "{node}"
+    );
+    let entries = node["entries"].as_array().unwrap();
+    assert!(entries.iter().any(|e| e["name"] == "team-a/demo"), "{node}");
+    assert!(entries.iter().any(|e| e["id"] == e2b_id.as_str()), "{node}");
+    let team_b = Kubectl {
+        config: f.kubeconfig(tmp.path(), KEY_B, "team-b"),
+        cache: tmp.path().join("kube-cache-b"),
+    };
+    let theirs: Value =
+        serde_json::from_str(&team_b.ok(&["get", "nodeinventory", "embedded", "-o", "json"], None))
+            .unwrap();
+    assert!(theirs["pools"].is_array(), "{theirs}");
+    assert!(
+        theirs.get("entries").is_none(),
+        "another tenant's sandboxes are not shown: {theirs}"
+    );
+    assert!(
+        k.fails(&["get", "nodeinventory", "elsewhere"], None)
+            .contains("NotFound")
+    );
+    assert!(
+        k.fails(
+            &[
+                "get",
+                "--raw",
+                "/apis/extensions.agents.x-k8s.io/v1beta1/nodeinventories?watch=true"
+            ],
+            None
+        )
+        .contains("MethodNotAllowed")
+    );
+
     // Delete releases the sandbox; it is gone at once.
     let deleted = k.ok(&["delete", "sandbox", "demo"], None);
     assert!(deleted.contains("\"demo\" deleted"), "{deleted}");

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::Facade;
 use super::auth::Attrs;
+use super::inventories;
 use super::openapi;
 use super::status::KubeResult;
 use super::types::{API_VERSION, GROUP, KIND, PLURAL, SINGULAR, SUBRESOURCES, VERSION};
@@ -95,17 +96,18 @@ pub async fn api(facade: web::Data<Facade>, req: HttpRequest) -> KubeResult<Http
 pub async fn apis(facade: web::Data<Facade>, req: HttpRequest) -> KubeResult<HttpResponse> {
     path_allowed(&facade, &req).await?;
     Ok(match aggregated(&req) {
-        Some(ct) => reply(ct, &discovery_list(ct, json!([group_discovery()]))),
-        None => {
-            let mut g = group();
-            if let Some(o) = g.as_object_mut() {
-                o.insert("kind".into(), json!("APIGroup"));
-            }
-            reply(
-                "application/json",
-                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group()]}),
-            )
-        }
+        Some(ct) => reply(
+            ct,
+            &discovery_list(
+                ct,
+                json!([group_discovery(), inventories::group_discovery()]),
+            ),
+        ),
+        None => reply(
+            "application/json",
+            &json!({"kind": "APIGroupList", "apiVersion": "v1",
+                    "groups": [group(), inventories::group()]}),
+        ),
     })
 }
 

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod create;
 pub mod discovery;
+pub mod inventories;
 pub mod kubeconfig;
 pub mod objects;
 pub mod openapi;
@@ -141,6 +142,21 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::get().to(d::openapi_v3_group_version),
         )
         .route("/openapi/v2", web::get().to(d::openapi_v2))
+        .route(
+            inventories::GROUP_PATH,
+            web::get().to(inventories::api_group),
+        )
+        .route(inventories::GV_PATH, web::get().to(inventories::resources))
+        .service(
+            web::resource(format!("{}/nodeinventories", inventories::GV_PATH))
+                .route(web::get().to(inventories::list))
+                .default_service(web::to(s::method_not_allowed)),
+        )
+        .service(
+            web::resource(format!("{}/nodeinventories/{{name}}", inventories::GV_PATH))
+                .route(web::get().to(inventories::get))
+                .default_service(web::to(s::method_not_allowed)),
+        )
         .service(
             web::resource(format!("{GV}/sandboxes"))
                 .route(web::get().to(s::list_all))
