@@ -1511,8 +1511,8 @@ fn render(
         o,
         "Every figure below was produced by one command on one machine; nothing here is typed in by hand.\n\n\
          ```\ncargo build --release && cargo run --release --example bench -- --out PERFORMANCE.md\n```\n\n\
-         Machine: {machine}. (the release profile keeps line tables for profiling). \
-         Each section names its runs and samples. Percentiles sort the samples and take index ⌊(n−1)·p/100⌋, \
+         Machine: {machine} (line tables kept for profiling). Each section names its runs \
+         and samples. Percentiles sort the samples and take index ⌊(n−1)·p/100⌋, \
          the convention of the reference's harness. Anchors are the figures quoted in \
          `shared/contracts/reference-semantics.md` §7 (cocoonstack sandbox-operator and sandboxd).\n"
     );
