@@ -18,7 +18,13 @@ fn example() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("target profile dir");
-    dir.join("examples").join("lifecycle")
+    let bin = dir.join("examples").join("lifecycle");
+    assert!(
+        bin.exists(),
+        "{} is missing: `cargo test` builds examples; alone, run `cargo build --example lifecycle` first",
+        bin.display()
+    );
+    bin
 }
 
 const KUBE_STEPS: [&str; 9] = [
