@@ -6,7 +6,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Value, json};
 
 use super::Facade;
-use super::auth::Attrs;
+use super::auth::{Attrs, Caller};
 use super::inventories;
 use super::openapi;
 use super::status::KubeResult;
@@ -71,7 +71,8 @@ fn group() -> Value {
            "preferredVersion": {"groupVersion": API_VERSION, "version": VERSION}})
 }
 
-async fn path_allowed(facade: &Facade, req: &HttpRequest) -> KubeResult<()> {
+/// Authorizes a GET of the request's path as a non-resource request; answers the caller.
+pub(super) async fn path_caller(facade: &Facade, req: &HttpRequest) -> KubeResult<Caller> {
     let attrs = Attrs {
         verb: "get",
         namespace: None,
@@ -79,7 +80,11 @@ async fn path_allowed(facade: &Facade, req: &HttpRequest) -> KubeResult<()> {
         name: None,
         path: Some(req.path()),
     };
-    facade.auth.authorize(req, &attrs).await.map(|_| ())
+    facade.auth.authorize(req, &attrs).await
+}
+
+async fn path_allowed(facade: &Facade, req: &HttpRequest) -> KubeResult<()> {
+    path_caller(facade, req).await.map(|_| ())
 }
 
 pub async fn api(facade: web::Data<Facade>, req: HttpRequest) -> KubeResult<HttpResponse> {

@@ -11,7 +11,7 @@ use chrono::Utc;
 use serde_json::json;
 
 use super::Facade;
-use super::auth::{Attrs, Caller};
+use super::auth::Caller;
 use super::status::{KubeError, KubeResult};
 use crate::cluster::inventory::{self, NodeInventory};
 use crate::model::SandboxRecord;
@@ -45,14 +45,7 @@ pub fn group_discovery() -> serde_json::Value {
 }
 
 async fn caller(facade: &Facade, req: &HttpRequest) -> KubeResult<Caller> {
-    let attrs = Attrs {
-        verb: "get",
-        namespace: None,
-        subresource: None,
-        name: None,
-        path: Some(req.path()),
-    };
-    facade.auth.authorize(req, &attrs).await
+    super::discovery::path_caller(facade, req).await
 }
 
 pub async fn api_group(facade: web::Data<Facade>, req: HttpRequest) -> KubeResult<HttpResponse> {
