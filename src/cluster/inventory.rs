@@ -109,13 +109,6 @@ impl kube::Resource for NodeInventory {
     }
 }
 
-fn phase_name(p: Phase) -> &'static str {
-    match p {
-        Phase::Running => "Running",
-        Phase::Paused => "Paused",
-    }
-}
-
 impl InventoryEntry {
     pub fn from_record(r: &SandboxRecord) -> Self {
         InventoryEntry {
@@ -125,7 +118,7 @@ impl InventoryEntry {
                 r.claim_ref.clone()
             },
             id: r.id.clone(),
-            phase: phase_name(r.phase).to_string(),
+            phase: r.phase.title().to_string(),
             claim_ref: r.claim_ref.clone(),
             addr: r.address.clone(),
             deadline: r.deadline,

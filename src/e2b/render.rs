@@ -4,7 +4,7 @@ use super::E2b;
 use super::error::ApiResult;
 use super::wire;
 use crate::agent::ENVD_VERSION;
-use crate::model::{CheckpointRecord, Phase, SandboxRecord, SandboxStats, ids};
+use crate::model::{CheckpointRecord, SandboxRecord, SandboxStats, ids};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -20,13 +20,6 @@ pub fn template_id(record: &SandboxRecord) -> String {
         .from_checkpoint
         .clone()
         .unwrap_or_else(|| record.key.template.clone())
-}
-
-pub fn state(record: &SandboxRecord) -> &'static str {
-    match record.phase {
-        Phase::Running => "running",
-        Phase::Paused => "paused",
-    }
 }
 
 impl E2b {
@@ -50,19 +43,9 @@ impl E2b {
 
     pub fn detail(&self, record: &SandboxRecord) -> ApiResult<wire::SandboxDetail> {
         Ok(wire::SandboxDetail {
-            template_id: template_id(record),
-            sandbox_id: sandbox_id(record),
-            client_id: record.node.clone(),
-            started_at: record.claimed_at,
-            end_at: record.deadline,
-            cpu_count: record.cpu_count,
-            memory_mb: record.memory_bytes / MIB,
-            disk_size_mb: record.disk_bytes / MIB,
-            state: state(record),
-            envd_version: ENVD_VERSION.to_string(),
+            listed: listed(record),
             envd_access_token: self.access_token(record)?,
             domain: self.domain.clone(),
-            metadata: record.metadata.clone(),
             allow_internet_access: record.key.net == "egress",
             lifecycle: wire::Lifecycle {
                 auto_resume: false,
@@ -82,7 +65,7 @@ pub fn listed(record: &SandboxRecord) -> wire::ListedSandbox {
         cpu_count: record.cpu_count,
         memory_mb: record.memory_bytes / MIB,
         disk_size_mb: record.disk_bytes / MIB,
-        state: state(record),
+        state: record.phase.as_str(),
         envd_version: ENVD_VERSION.to_string(),
         metadata: record.metadata.clone(),
     }

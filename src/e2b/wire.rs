@@ -67,26 +67,12 @@ pub struct Lifecycle {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxDetail {
-    #[serde(rename = "templateID")]
-    pub template_id: String,
-    #[serde(rename = "sandboxID")]
-    pub sandbox_id: String,
-    #[serde(rename = "clientID")]
-    pub client_id: String,
-    pub started_at: DateTime<Utc>,
-    pub end_at: DateTime<Utc>,
-    pub cpu_count: u32,
-    #[serde(rename = "memoryMB")]
-    pub memory_mb: u64,
-    #[serde(rename = "diskSizeMB")]
-    pub disk_size_mb: u64,
-    /// `running` or `paused`.
-    pub state: &'static str,
-    pub envd_version: String,
+    /// Everything a list item carries.
+    #[serde(flatten)]
+    pub listed: ListedSandbox,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
     pub domain: Option<String>,
-    pub metadata: BTreeMap<String, String>,
     pub allow_internet_access: bool,
     pub lifecycle: Lifecycle,
 }
@@ -108,6 +94,7 @@ pub struct ListedSandbox {
     pub memory_mb: u64,
     #[serde(rename = "diskSizeMB")]
     pub disk_size_mb: u64,
+    /// `running` or `paused`.
     pub state: &'static str,
     pub envd_version: String,
     pub metadata: BTreeMap<String, String>,

@@ -64,7 +64,7 @@ pub fn labels(r: &SandboxRecord) -> BTreeMap<String, String> {
         })
         .collect();
     out.insert(keys::NODE_LABEL.into(), r.node.clone());
-    out.insert(keys::PHASE_LABEL.into(), phase_name(r.phase).into());
+    out.insert(keys::PHASE_LABEL.into(), r.phase.title().into());
     out.insert(keys::CLAIM_LABEL.into(), name(r).into_owned());
     out.insert(keys::TEMPLATE_LABEL.into(), r.key.template.clone());
     out
@@ -92,13 +92,6 @@ pub fn annotations(r: &SandboxRecord) -> BTreeMap<String, String> {
         out.insert(keys::METADATA.into(), m);
     }
     out
-}
-
-fn phase_name(p: Phase) -> &'static str {
-    match p {
-        Phase::Running => "Running",
-        Phase::Paused => "Paused",
-    }
 }
 
 fn host_of(address: &str) -> &str {
@@ -184,7 +177,7 @@ impl Serialize for LabelsJson<'_> {
         }
         m.serialize_entry(keys::CLAIM_LABEL, &name(r))?;
         m.serialize_entry(keys::NODE_LABEL, &r.node)?;
-        m.serialize_entry(keys::PHASE_LABEL, phase_name(r.phase))?;
+        m.serialize_entry(keys::PHASE_LABEL, r.phase.title())?;
         m.serialize_entry(keys::TEMPLATE_LABEL, &r.key.template)?;
         m.end()
     }

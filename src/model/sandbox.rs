@@ -22,10 +22,19 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The e2b spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Running => "running",
             Phase::Paused => "paused",
+        }
+    }
+
+    /// The Kubernetes spelling (labels, NodeInventory entries).
+    pub fn title(self) -> &'static str {
+        match self {
+            Phase::Running => "Running",
+            Phase::Paused => "Paused",
         }
     }
 }
