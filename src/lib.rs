@@ -9,6 +9,7 @@ pub mod e2b;
 pub mod facade;
 pub mod fsx;
 pub mod gateway;
+pub mod httpx;
 pub mod model;
 pub mod node;
 pub mod proto;

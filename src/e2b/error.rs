@@ -8,7 +8,7 @@ use std::fmt;
 use actix_web::body::BoxBody;
 use actix_web::dev::ServiceResponse;
 use actix_web::http::StatusCode;
-use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::header::{self};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
@@ -135,34 +135,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 /// Rewrites any error response that is not JSON yet (a framework 404/405, an extractor's
 /// plain-text error) into the envelope, keeping its status.
 pub fn ensure_json<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHandlerResponse<B>> {
-    let is_json = res
-        .response()
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if is_json {
-        return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
-    }
-    let status = res.status();
-    let message = res
-        .response()
-        .error()
-        .map(|e| e.to_string())
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
-    let (req, old) = res.into_parts();
-    let mut new = ApiError::new(status, message).error_response();
-    for (name, value) in old.headers() {
-        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-            new.headers_mut().insert(name.clone(), value.clone());
-        }
-    }
-    new.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok(ErrorHandlerResponse::Response(
-        ServiceResponse::new(req, new).map_into_right_body(),
-    ))
+    crate::httpx::json_error(res, |status, message| {
+        ApiError::new(status, message).error_response()
+    })
 }

@@ -19,9 +19,7 @@ pub mod watch;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::body::BoxBody;
 use actix_web::dev::ServiceResponse;
-use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::{ErrorHandlerResponse, ErrorHandlers};
 use actix_web::{ResponseError, web};
 use moka::sync::Cache;
@@ -75,46 +73,18 @@ impl Facade {
 /// Rewrites any error response that is not a Status yet (a framework 404, an extractor error)
 /// into one, keeping its code.
 fn ensure_status<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHandlerResponse<B>> {
-    let is_json = res
-        .response()
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if is_json {
-        return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
-    }
-    let code = res.status().as_u16();
-    let message = res
-        .response()
-        .error()
-        .map(|e| e.to_string())
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| {
-            res.status()
-                .canonical_reason()
-                .unwrap_or("error")
-                .to_string()
-        });
-    let reason = match code {
-        400 => "BadRequest",
-        404 => "NotFound",
-        405 => "MethodNotAllowed",
-        413 => "RequestEntityTooLarge",
-        415 => "UnsupportedMediaType",
-        _ if code >= 500 => "InternalError",
-        _ => "BadRequest",
-    };
-    let (req, _) = res.into_parts();
-    let mut new: actix_web::HttpResponse<BoxBody> =
-        KubeError::new(code, reason, message).error_response();
-    new.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok(ErrorHandlerResponse::Response(
-        ServiceResponse::new(req, new).map_into_right_body(),
-    ))
+    crate::httpx::json_error(res, |status, message| {
+        let reason = match status.as_u16() {
+            400 => "BadRequest",
+            404 => "NotFound",
+            405 => "MethodNotAllowed",
+            413 => "RequestEntityTooLarge",
+            415 => "UnsupportedMediaType",
+            code if code >= 500 => "InternalError",
+            _ => "BadRequest",
+        };
+        KubeError::new(status.as_u16(), reason, message).error_response()
+    })
 }
 
 pub fn status_errors<B: 'static>() -> ErrorHandlers<B> {
