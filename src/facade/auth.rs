@@ -42,6 +42,30 @@ pub struct Attrs<'a> {
     pub path: Option<&'a str>,
 }
 
+impl<'a> Attrs<'a> {
+    /// A request on sandboxes (`name` None for a collection).
+    pub fn resource(verb: &'static str, namespace: Option<&'a str>, name: Option<&'a str>) -> Self {
+        Attrs {
+            verb,
+            namespace,
+            subresource: None,
+            name,
+            path: None,
+        }
+    }
+
+    /// A GET of a non-resource path.
+    pub fn path(path: &'a str) -> Self {
+        Attrs {
+            verb: "get",
+            namespace: None,
+            subresource: None,
+            name: None,
+            path: Some(path),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Caller {
     /// An e2b API key.

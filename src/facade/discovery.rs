@@ -73,14 +73,7 @@ fn group() -> Value {
 
 /// Authorizes a GET of the request's path as a non-resource request; answers the caller.
 pub(super) async fn path_caller(facade: &Facade, req: &HttpRequest) -> KubeResult<Caller> {
-    let attrs = Attrs {
-        verb: "get",
-        namespace: None,
-        subresource: None,
-        name: None,
-        path: Some(req.path()),
-    };
-    facade.auth.authorize(req, &attrs).await
+    facade.auth.authorize(req, &Attrs::path(req.path())).await
 }
 
 async fn path_allowed(facade: &Facade, req: &HttpRequest) -> KubeResult<()> {

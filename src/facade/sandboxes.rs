@@ -136,13 +136,8 @@ async fn list_or_watch(
     q: Query,
 ) -> KubeResult<HttpResponse> {
     let watching = matches!(param(&q, "watch"), Some("true") | Some("1"));
-    let attrs = Attrs {
-        verb: if watching { "watch" } else { "list" },
-        namespace: namespace.as_deref(),
-        subresource: None,
-        name: None,
-        path: None,
-    };
+    let verb = if watching { "watch" } else { "list" };
+    let attrs = Attrs::resource(verb, namespace.as_deref(), None);
     facade.auth.authorize(&req, &attrs).await?;
     let labels = LabelSelector::parse(param(&q, "labelSelector").unwrap_or(""))?;
     let fields = FieldSelector::parse(param(&q, "fieldSelector").unwrap_or(""))?;
@@ -252,13 +247,7 @@ pub async fn get(
     path: web::Path<(String, String)>,
 ) -> KubeResult<HttpResponse> {
     let (ns, name) = path.into_inner();
-    let attrs = Attrs {
-        verb: "get",
-        namespace: Some(&ns),
-        subresource: None,
-        name: Some(&name),
-        path: None,
-    };
+    let attrs = Attrs::resource("get", Some(&ns), Some(&name));
     facade.auth.authorize(&req, &attrs).await?;
     let r = facade.find_one(&ns, &name).await?;
     let rv = facade.revision_of(&r.id);
@@ -282,13 +271,7 @@ pub async fn create(
     body: web::Bytes,
 ) -> KubeResult<HttpResponse> {
     let ns = ns.into_inner();
-    let attrs = Attrs {
-        verb: "create",
-        namespace: Some(&ns),
-        subresource: None,
-        name: None,
-        path: None,
-    };
+    let attrs = Attrs::resource("create", Some(&ns), None);
     facade.auth.authorize(&req, &attrs).await?;
     refuse_dry_run(&q, "create")?;
     if !crate::e2b::auth::valid_namespace(&ns) {
@@ -366,13 +349,7 @@ pub async fn delete(
     body: web::Bytes,
 ) -> KubeResult<HttpResponse> {
     let (ns, name) = path.into_inner();
-    let attrs = Attrs {
-        verb: "delete",
-        namespace: Some(&ns),
-        subresource: None,
-        name: Some(&name),
-        path: None,
-    };
+    let attrs = Attrs::resource("delete", Some(&ns), Some(&name));
     facade.auth.authorize(&req, &attrs).await?;
     refuse_dry_run(&q, "delete")?;
     let options: Value = if body.iter().all(u8::is_ascii_whitespace) {
@@ -448,11 +425,8 @@ pub async fn verb(
         ));
     }
     let attrs = Attrs {
-        verb: "create",
-        namespace: Some(&ns),
         subresource: Some(&sub),
-        name: Some(&name),
-        path: None,
+        ..Attrs::resource("create", Some(&ns), Some(&name))
     };
     facade.auth.authorize(&req, &attrs).await?;
     refuse_dry_run(&q, &format!("sandboxes/{sub}"))?;
