@@ -34,8 +34,17 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
-fn is_blank(bytes: &[u8]) -> bool {
-    bytes.iter().all(u8::is_ascii_whitespace)
+/// Reads and parses a JSON body; a blank one is `blank`, or a 400 when there is none.
+async fn read_json<T: DeserializeOwned>(
+    req: HttpRequest,
+    payload: Payload,
+    blank: Option<T>,
+) -> Result<T, ApiError> {
+    let bytes = read(req, payload).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return blank.ok_or_else(|| ApiError::bad_request("a JSON request body is required"));
+    }
+    parse(&bytes)
 }
 
 /// A required JSON body.
@@ -47,13 +56,7 @@ impl<T: DeserializeOwned + 'static> FromRequest for Body<T> {
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let (req, payload) = (req.clone(), payload.take());
-        Box::pin(async move {
-            let bytes = read(req, payload).await?;
-            if is_blank(&bytes) {
-                return Err(ApiError::bad_request("a JSON request body is required").into());
-            }
-            Ok(Body(parse(&bytes)?))
-        })
+        Box::pin(async move { Ok(Body(read_json(req, payload, None).await?)) })
     }
 }
 
@@ -67,11 +70,9 @@ impl<T: DeserializeOwned + Default + 'static> FromRequest for OptionalBody<T> {
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let (req, payload) = (req.clone(), payload.take());
         Box::pin(async move {
-            let bytes = read(req, payload).await?;
-            if is_blank(&bytes) {
-                return Ok(OptionalBody(T::default()));
-            }
-            Ok(OptionalBody(parse(&bytes)?))
+            Ok(OptionalBody(
+                read_json(req, payload, Some(T::default())).await?,
+            ))
         })
     }
 }
