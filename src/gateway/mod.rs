@@ -280,14 +280,8 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             e,
         )
     })?;
-    let kube_addr = kube_server
-        .addrs()
-        .first()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|| cfg.kube_listen.clone());
-    let kube_server = kube_server.run();
-    let kube_handle = kube_server.handle();
-    let kube_serving = tokio::spawn(kube_server);
+    let (kube_addr, kube_handle, kube_serving) =
+        spawn_server(kube_server.addrs(), kube_server.run(), &cfg.kube_listen);
     let state = web::Data::new(E2b {
         dispatcher: dispatcher.clone(),
         tokens,
@@ -311,14 +305,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     .disable_signals()
     .bind(&cfg.e2b_listen)
     .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
-    let e2b_addr = server
-        .addrs()
-        .first()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|| cfg.e2b_listen.clone());
-    let server = server.run();
-    let handle = server.handle();
-    let serving = tokio::spawn(server);
+    let (e2b_addr, handle, serving) = spawn_server(server.addrs(), server.run(), &cfg.e2b_listen);
 
     println!("sandbox-gateway {}", env!("CARGO_PKG_VERSION"));
     println!("e2b API listening on http://{e2b_addr}");
@@ -372,6 +359,24 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         n.stop().await?;
     }
     Ok(())
+}
+
+/// Runs a bound server in the background: the address it listens on (`asked` when it cannot
+/// tell), its handle, and its task.
+fn spawn_server(
+    bound: Vec<std::net::SocketAddr>,
+    server: actix_web::dev::Server,
+    asked: &str,
+) -> (
+    String,
+    actix_web::dev::ServerHandle,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let addr = bound
+        .first()
+        .map_or_else(|| asked.to_string(), ToString::to_string);
+    let handle = server.handle();
+    (addr, handle, tokio::spawn(server))
 }
 
 /// Keeps the client certificate chain of a TLS connection for the request handlers.
