@@ -11,17 +11,7 @@ use common::*;
 async fn serve_starts_an_embedded_node_and_stops_clean() {
     let (tmp, _) = workspace();
     let data = tmp.path().join("data");
-    let mut gw = Proc::spawn(&[
-        "serve".into(),
-        "--e2b-listen".into(),
-        "127.0.0.1:0".into(),
-        "--kube-listen".into(),
-        "127.0.0.1:0".into(),
-        "--data-dir".into(),
-        data.display().to_string(),
-        "--pool".into(),
-        "base=3".into(),
-    ]);
+    let mut gw = Proc::spawn(&serve_args(&data, &["--pool", "base=3"]));
     let line = gw.wait_line("e2b API listening on http://", Duration::from_secs(60));
     let addr = line.rsplit("http://").next().unwrap().trim().to_string();
     assert_eq!(
@@ -102,17 +92,7 @@ async fn serve_starts_an_embedded_node_and_stops_clean() {
 #[tokio::test]
 async fn serve_with_nodes_requires_their_token() {
     let (tmp, _) = workspace();
-    let mut gw = Proc::spawn(&[
-        "serve".into(),
-        "--e2b-listen".into(),
-        "127.0.0.1:0".into(),
-        "--kube-listen".into(),
-        "127.0.0.1:0".into(),
-        "--data-dir".into(),
-        tmp.path().join("data").display().to_string(),
-        "--node".into(),
-        "127.0.0.1:1".into(),
-    ]);
+    let mut gw = Proc::spawn(&serve_args(&tmp.path().join("data"), &["--node", "127.0.0.1:1"]));
     let status = gw.wait_exit(Duration::from_secs(30));
     assert!(
         !status.success(),

@@ -29,6 +29,24 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// `serve` on free loopback ports with its data in `data`, then `extra`.
+pub fn serve_args(data: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "serve",
+        "--e2b-listen",
+        "127.0.0.1:0",
+        "--kube-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(data.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 /// A child process whose stdout lines are collected in the background.
 pub struct Proc {
     pub child: Child,
