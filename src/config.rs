@@ -37,6 +37,67 @@ pub enum Command {
     Openapi,
     /// Print a kubeconfig for kubectl against the Kubernetes API of a local gateway.
     Kubeconfig(KubeconfigArgs),
+    /// Build, import and list templates (the root filesystems sandboxes start from).
+    #[command(subcommand)]
+    Template(TemplateCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TemplateCommand {
+    /// Build a template from Debian packages (with mmdebstrap), or add packages to another one.
+    Build(TemplateBuildArgs),
+    /// Import an OCI image archive (`docker save` output or an OCI layout tarball).
+    Import(TemplateImportArgs),
+    /// List the templates.
+    List(TemplateDirArgs),
+}
+
+/// Where templates are and which ids they are prepared for.
+#[derive(Debug, Clone, Args)]
+pub struct TemplateDirArgs {
+    /// The templates directory [default: DATA_DIR/node/templates, the embedded node's].
+    #[arg(long)]
+    pub templates_dir: Option<PathBuf>,
+    #[arg(long, env = "SANDBOX_GATEWAY_DATA_DIR", default_value_os_t = default_data_dir())]
+    pub data_dir: PathBuf,
+    /// The host uid of sandbox root on the nodes that use these templates.
+    #[arg(long, default_value_t = crate::node::config::DEFAULT_UID_BASE)]
+    pub uid_base: u32,
+}
+
+impl TemplateDirArgs {
+    pub fn dir(&self) -> PathBuf {
+        self.templates_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("node/templates"))
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TemplateBuildArgs {
+    pub name: String,
+    /// Debian packages to install (comma-separated), beside base's own unless --from is given.
+    #[arg(long, value_delimiter = ',')]
+    pub packages: Vec<String>,
+    /// Start from this template and install the packages into a copy of it.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Replace a template of the same name.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub dir: TemplateDirArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TemplateImportArgs {
+    pub name: String,
+    /// The image archive.
+    pub file: PathBuf,
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub dir: TemplateDirArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -122,6 +183,8 @@ pub struct ServeArgs {
     /// Warm pool of the embedded node, TEMPLATE[/NET[/SIZE]]=COUNT (repeatable).
     #[arg(long = "pool", value_parser = parse_pool, default_values = DEFAULT_POOLS)]
     pub pools: Vec<PoolTarget>,
+    #[command(flatten)]
+    pub sandboxes: SandboxArgs,
     /// e2b API keys, one `KEY NAMESPACE` per line (`#` comments, `sha256:<hex>` keys).
     /// Without it (and without --allow-anonymous) a local gateway creates DATA_DIR/api-keys.
     #[arg(long, env = "SANDBOX_GATEWAY_API_KEYS")]
@@ -194,9 +257,6 @@ pub struct NodeArgs {
     /// Where the node keeps its index, sandboxes, checkpoints and templates.
     #[arg(long, env = "SANDBOX_GATEWAY_NODE_DATA_DIR", default_value_os_t = default_data_dir().join("node"))]
     pub data_dir: PathBuf,
-    /// Directory of templates [default: DATA_DIR/templates].
-    #[arg(long)]
-    pub templates_dir: Option<PathBuf>,
     /// File holding the fleet token; created when missing [default: DATA_DIR/node-token].
     #[arg(long)]
     pub token_file: Option<PathBuf>,
@@ -221,9 +281,8 @@ pub struct NodeArgs {
     /// Answer RESOURCE_EXHAUSTED on an empty pool instead of booting a sandbox.
     #[arg(long)]
     pub no_cold_start: bool,
-    /// Do not put sandboxes in their own namespaces even when running as root.
-    #[arg(long)]
-    pub no_isolation: bool,
+    #[command(flatten)]
+    pub sandboxes: SandboxArgs,
     /// Cluster mode: publish this node's NodeInventory object (server-side apply).
     #[arg(long)]
     pub publish_inventory: bool,
@@ -233,6 +292,36 @@ pub struct NodeArgs {
     /// Kubeconfig for publishing [default: the in-cluster service account, or $KUBECONFIG].
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+}
+
+/// How a node builds sandboxes (shared by `node` and `serve`'s embedded node).
+#[derive(Debug, Clone, Args)]
+pub struct SandboxArgs {
+    /// The host uid (and gid) of sandbox root: sandbox ids 0..65536 map to this range.
+    #[arg(long, default_value_t = crate::node::config::DEFAULT_UID_BASE)]
+    pub uid_base: u32,
+    /// Every sandbox's disk (writable layer) in MiB instead of its size tier's.
+    #[arg(long)]
+    pub sandbox_disk_mib: Option<u64>,
+    /// Directory of templates [default: the node's DATA_DIR/templates]; nodes may share one.
+    #[arg(long)]
+    pub templates_dir: Option<PathBuf>,
+}
+
+impl SandboxArgs {
+    /// Applies these settings to a node's configuration.
+    pub fn apply(&self, node: &mut crate::node::NodeConfig) -> crate::model::Result<()> {
+        node.ids = crate::sandbox::spec::IdMap::new(self.uid_base)?;
+        if let Some(d) = &self.templates_dir {
+            node.templates_dir = Some(d.clone());
+        }
+        node.disk_bytes = match self.sandbox_disk_mib {
+            Some(0) => return Err(crate::model::Error::invalid("--sandbox-disk-mib must be positive")),
+            Some(m) => Some(m << 20),
+            None => None,
+        };
+        Ok(())
+    }
 }
 
 impl NodeArgs {
@@ -258,6 +347,10 @@ pub struct AgentArgs {
     /// The sandbox's state directory.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Build a sandbox from this boot spec and supervise it (the built-in runtime starts
+    /// every sandbox this way).
+    #[arg(long, conflicts_with_all = ["listen", "listen_fd"])]
+    pub boot: Option<PathBuf>,
 }
 
 pub fn host_name() -> String {

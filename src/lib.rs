@@ -13,3 +13,5 @@ pub mod httpx;
 pub mod model;
 pub mod node;
 pub mod proto;
+pub mod sandbox;
+pub mod templates;

@@ -4,13 +4,17 @@ use std::time::Duration;
 use clap::Parser;
 use sandbox_gateway::cluster::discover::DiscoveryConfig;
 use sandbox_gateway::cluster::{self, publish::Publisher};
-use sandbox_gateway::config::{Cli, Command, KeysCommand, NodeArgs, ReadViewSource, host_name};
+use sandbox_gateway::config::{
+    Cli, Command, KeysCommand, NodeArgs, ReadViewSource, TemplateCommand, host_name,
+};
+use sandbox_gateway::sandbox::spec::IdMap;
+use sandbox_gateway::templates::{BuildSpec, TemplateStore};
 use sandbox_gateway::dispatch::{DispatcherConfig, ViewFeed};
 use sandbox_gateway::facade::auth::DelegationSource;
 use sandbox_gateway::model::{Error, Result, ids};
 use sandbox_gateway::node::NodeConfig;
 use sandbox_gateway::node::daemon::{self, DaemonConfig};
-use sandbox_gateway::node::runtime::process::AgentCommand;
+use sandbox_gateway::node::runtime::builtin::AgentCommand;
 use sandbox_gateway::{agent, fsx, gateway};
 use tokio_util::sync::CancellationToken;
 
@@ -54,8 +58,8 @@ async fn run_node(args: NodeArgs) -> Result<()> {
         None
     };
     let mut node = NodeConfig::new(args.name.clone().unwrap_or_else(host_name), &args.data_dir);
-    node.templates_dir = args.templates_dir.clone();
     node.pools = args.pools.clone();
+    args.sandboxes.apply(&mut node)?;
     node.lease = args.lease();
     node.fork_limit = args.fork_limit;
     node.max_sandboxes = args.max_sandboxes;
@@ -66,7 +70,6 @@ async fn run_node(args: NodeArgs) -> Result<()> {
         advertise_address: args.advertise_address.clone(),
         token,
         agent: AgentCommand::current_exe().map_err(|e| Error::io("locating this executable", e))?,
-        isolate: !args.no_isolation,
     })
     .await?;
     let publishing = publisher.map(|p| {
@@ -106,11 +109,54 @@ async fn run_node(args: NodeArgs) -> Result<()> {
     stopped
 }
 
+fn template_command(cmd: TemplateCommand) -> Result<()> {
+    let progress = |line: &str| println!("{line}");
+    let open = |d: &sandbox_gateway::config::TemplateDirArgs| {
+        TemplateStore::new(d.dir(), IdMap::new(d.uid_base)?)
+    };
+    match cmd {
+        TemplateCommand::Build(b) => {
+            let store = open(&b.dir)?;
+            store.build(
+                &BuildSpec {
+                    name: b.name,
+                    packages: b.packages,
+                    from: b.from,
+                    force: b.force,
+                },
+                &progress,
+            )?;
+        }
+        TemplateCommand::Import(i) => {
+            open(&i.dir)?.import(&i.name, &i.file, i.force, &progress)?;
+        }
+        TemplateCommand::List(d) => {
+            println!("{:<20} {:<8} {:>9}  {:<20}  SOURCE", "NAME", "KIND", "SIZE", "CREATED");
+            for t in open(&d)?.list() {
+                let m = &t.meta;
+                println!(
+                    "{:<20} {:<8} {:>6} MiB  {:<20}  {}",
+                    m.name,
+                    format!("{:?}", m.kind).to_lowercase(),
+                    m.size_bytes >> 20,
+                    m.created_at.format("%Y-%m-%d %H:%M:%S"),
+                    m.source
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command.unwrap_or(Command::Serve(cli.serve)) {
         Command::Agent(a) => {
             init_logging("warn");
+            if let Some(spec) = &a.boot {
+                let code = sandbox_gateway::sandbox::supervisor::run(spec, a.lifeline_fd);
+                return ExitCode::from(code.clamp(0, 255) as u8);
+            }
             agent::run(agent::AgentConfig {
                 listen: a.listen,
                 listen_fd: a.listen_fd,
@@ -138,6 +184,7 @@ fn main() -> ExitCode {
                         data_dir: s.data_dir,
                         node_token_file: s.node_token_file,
                         pools: s.pools,
+                        sandboxes: s.sandboxes,
                         api_keys: s.api_keys,
                         allow_anonymous: s.allow_anonymous,
                         e2b_domain: Some(s.e2b_domain),
@@ -206,6 +253,10 @@ fn main() -> ExitCode {
                         )
                     )
                 })
+        }
+        Command::Template(t) => {
+            init_logging("warn");
+            template_command(t)
         }
         Command::Openapi => {
             print!("{}", sandbox_gateway::e2b::openapi::document_json());

@@ -75,7 +75,33 @@ pub fn run(cfg: AgentConfig) -> Result<()> {
     if let Some(fd) = cfg.lifeline_fd {
         watch_lifeline(fd);
     }
-    let listener = listener(&cfg)?;
+    serve(listener(&cfg)?)
+}
+
+/// The agent inside a sandbox (pid 2 of its pid namespace): envd on its port, on every
+/// address of the sandbox's own network namespace. Returns the process's exit code.
+pub fn serve_in_sandbox(_spec: &crate::sandbox::spec::BootSpec) -> i32 {
+    // Not dumpable: the sandbox's own root cannot attach to the agent or read its memory.
+    // SAFETY: plain prctl.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], crate::sandbox::spec::ENVD_PORT));
+    let served = TcpListener::bind(addr)
+        .map_err(|e| Error::io(format!("binding {addr}"), e))
+        .and_then(|l| {
+            l.set_nonblocking(true)
+                .map_err(|e| Error::io("configuring the listener", e))?;
+            serve(l)
+        });
+    match served {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("agent: {e}");
+            1
+        }
+    }
+}
+
+fn serve(listener: TcpListener) -> Result<()> {
     let addr = listener.local_addr().ok();
     actix_web::rt::System::new().block_on(async move {
         let server = HttpServer::new(|| App::new().route("/health", web::get().to(health)))

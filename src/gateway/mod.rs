@@ -21,7 +21,7 @@ use crate::fsx;
 use crate::model::{DEFAULT_NAMESPACE, Error, PoolTarget, Result, ids};
 use crate::node::NodeConfig;
 use crate::node::daemon::{self, DaemonConfig, RunningNode};
-use crate::node::runtime::process::AgentCommand;
+use crate::node::runtime::builtin::AgentCommand;
 use observe::Metrics;
 
 #[derive(Debug, Clone)]
@@ -33,6 +33,8 @@ pub struct ServeConfig {
     pub node_token_file: Option<PathBuf>,
     /// Warm pools of the embedded node.
     pub pools: Vec<PoolTarget>,
+    /// How the embedded node builds sandboxes.
+    pub sandboxes: crate::config::SandboxArgs,
     pub api_keys: Option<PathBuf>,
     pub allow_anonymous: bool,
     /// The sandbox domain returned to SDKs.
@@ -189,6 +191,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let embedded: Option<RunningNode> = if !cfg.remote_nodes() {
         let mut node = NodeConfig::new("embedded", cfg.data_dir.join("node"));
         node.pools = cfg.pools.clone();
+        cfg.sandboxes.apply(&mut node)?;
         let running = daemon::start(DaemonConfig {
             node,
             listen: "127.0.0.1:0".into(),
@@ -196,7 +199,6 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             token: token.clone(),
             agent: AgentCommand::current_exe()
                 .map_err(|e| Error::io("locating this executable", e))?,
-            isolate: true,
         })
         .await?;
         Some(running)

@@ -18,35 +18,50 @@ pub struct SizeTier {
     pub name: &'static str,
     pub cpu_count: u32,
     pub memory_bytes: u64,
+    /// Size of the sandbox's writable layer (its disk quota).
+    pub disk_bytes: u64,
+    /// Most processes and threads the sandbox may run at once.
+    pub pids: u32,
 }
 
 const MIB: u64 = 1024 * 1024;
+const GIB: u64 = 1024 * MIB;
 
 pub const SIZES: &[SizeTier] = &[
     SizeTier {
         name: "small",
         cpu_count: 1,
         memory_bytes: 512 * MIB,
+        disk_bytes: 4 * GIB,
+        pids: 1024,
     },
     SizeTier {
         name: "medium",
         cpu_count: 2,
         memory_bytes: 1024 * MIB,
+        disk_bytes: 8 * GIB,
+        pids: 2048,
     },
     SizeTier {
         name: "large",
         cpu_count: 4,
         memory_bytes: 4096 * MIB,
+        disk_bytes: 16 * GIB,
+        pids: 4096,
     },
     SizeTier {
         name: "xlarge",
         cpu_count: 4,
         memory_bytes: 8192 * MIB,
+        disk_bytes: 32 * GIB,
+        pids: 4096,
     },
     SizeTier {
         name: "2xlarge",
         cpu_count: 8,
         memory_bytes: 16384 * MIB,
+        disk_bytes: 64 * GIB,
+        pids: 8192,
     },
 ];
 

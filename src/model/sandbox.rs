@@ -137,6 +137,10 @@ pub struct CheckpointRecord {
     pub created_at: DateTime<Utc>,
     pub size_bytes: u64,
     pub node: String,
+    /// The build of the template the checkpoint's layer sits on; a rebuilt template does not
+    /// fit it.
+    #[serde(default)]
+    pub template_id: String,
 }
 
 /// Which checkpoints a listing wants; empty fields do not filter.

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::model::{LeasePolicy, PoolTarget};
+use crate::sandbox::spec::IdMap;
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -22,7 +23,15 @@ pub struct NodeConfig {
     pub cold_start: bool,
     /// Instances booted at once to refill pools.
     pub refill_concurrency: usize,
+    /// The host ids sandbox ids map to (sandbox root is `ids.base`).
+    pub ids: IdMap,
+    /// Every sandbox's disk size instead of its tier's.
+    pub disk_bytes: Option<u64>,
 }
+
+/// Sandbox root is this host uid by default: far above the ranges `/etc/subuid` hands out to
+/// people (100000 and up), so no local user's own containers share ids with sandboxes.
+pub const DEFAULT_UID_BASE: u32 = 1_000_000_000;
 
 impl NodeConfig {
     pub fn new(name: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
@@ -37,6 +46,11 @@ impl NodeConfig {
             max_sandboxes: 512,
             cold_start: true,
             refill_concurrency: 4,
+            ids: IdMap {
+                base: DEFAULT_UID_BASE,
+                count: IdMap::COUNT,
+            },
+            disk_bytes: None,
         }
     }
 
@@ -57,6 +71,8 @@ pub struct Paths {
     pub templates: PathBuf,
     /// Captures in flight (fork sources); emptied on start.
     pub scratch: PathBuf,
+    /// Blank disk images, one per size.
+    pub disks: PathBuf,
 }
 
 impl Paths {
@@ -69,6 +85,7 @@ impl Paths {
             checkpoints: root.join("checkpoints"),
             templates: templates.map_or_else(|| root.join("templates"), Path::to_path_buf),
             scratch: root.join("scratch"),
+            disks: root.join("disks"),
         }
     }
 }

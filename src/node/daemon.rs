@@ -1,5 +1,6 @@
-//! Runs a node: binds its gRPC listener, opens its state with the process runtime, and serves
-//! until stopped. Used by `sandbox-gateway node` and by the gateway's embedded node.
+//! Runs a node: binds its gRPC listener, makes sure its `base` template exists, opens its state
+//! with the built-in runtime, and serves until stopped. Used by `sandbox-gateway node` and by
+//! the gateway's embedded node.
 
 use std::net::SocketAddr;
 
@@ -8,10 +9,12 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::config::BOOT_TIMEOUT;
-use super::runtime::process::{AgentCommand, ProcessConfig, ProcessRuntime};
+use super::runtime::Runtime;
+use super::runtime::builtin::{AgentCommand, BuiltinConfig, BuiltinRuntime};
 use super::service::NodeService;
 use super::{Node, NodeConfig};
 use crate::model::{Error, Result, ids};
+use crate::templates::TemplateStore;
 use crate::proto::auth::RequireFleetToken;
 use crate::proto::node_server::NodeServer;
 
@@ -23,13 +26,11 @@ pub struct DaemonConfig {
     pub advertise_address: Option<String>,
     pub token: String,
     pub agent: AgentCommand,
-    /// Put sandboxes in their own namespaces when running as root.
-    pub isolate: bool,
 }
 
 pub struct RunningNode {
     pub address: SocketAddr,
-    node: Node<ProcessRuntime>,
+    node: Node<BuiltinRuntime>,
     server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
 }
 
@@ -49,14 +50,29 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         .map_err(|e| Error::io(format!("resolving {}", node_cfg.data_dir.display()), e))?;
     node_cfg.advertise_address = cfg.advertise_address.unwrap_or_else(|| address.to_string());
     let paths = node_cfg.paths();
-    let lock = Node::<ProcessRuntime>::lock_data_dir(&node_cfg)?;
-    let runtime = ProcessRuntime::new(ProcessConfig {
+    let lock = Node::<BuiltinRuntime>::lock_data_dir(&node_cfg)?;
+    let store = TemplateStore::new(&paths.templates, node_cfg.ids)?;
+    let progress = |line: &str| println!("{line}");
+    tokio::task::block_in_place(|| store.ensure_base(&progress))?;
+    let runtime = BuiltinRuntime::new(BuiltinConfig {
         agent: cfg.agent,
         state_root: paths.sandboxes.clone(),
+        disks: paths.disks.clone(),
         tag: ids::stable_hash_hex(paths.root.as_os_str().as_encoded_bytes()),
-        isolate: cfg.isolate,
+        ids: node_cfg.ids,
         boot_timeout: BOOT_TIMEOUT,
+        disk_bytes: node_cfg.disk_bytes,
     })?;
+    println!("runtime {}", runtime.describe());
+    if !runtime.offers_egress() {
+        let before = node_cfg.pools.len();
+        node_cfg.pools.retain(|p| p.key.net != "egress");
+        if node_cfg.pools.len() != before {
+            println!(
+                "sandboxes get no internet access on this node: slirp4netns is not installed (apt-get install slirp4netns); egress pools dropped"
+            );
+        }
+    }
     let node = Node::open(node_cfg, runtime, lock).await?;
     let service = NodeServer::with_interceptor(
         NodeService::new(node.clone()),
@@ -83,7 +99,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
 }
 
 impl RunningNode {
-    pub fn node(&self) -> &Node<ProcessRuntime> {
+    pub fn node(&self) -> &Node<BuiltinRuntime> {
         &self.node
     }
 

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod daemon;
+mod identify;
 mod leases;
 mod ops;
 mod pools;
@@ -13,7 +14,6 @@ pub mod service;
 mod store;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -30,6 +30,7 @@ use crate::model::{
     self, CheckpointRecord, Error, InventoryChange, InventoryEvent, LostClaim, NodeInfo,
     NodeLimits, PoolKey, PoolStatus, Result, SandboxRecord, ids,
 };
+use crate::templates::{Template, TemplateStore};
 
 /// How many lost claims a node remembers and reports.
 const LOST_MEMORY: usize = 1000;
@@ -43,6 +44,8 @@ pub(crate) type VerbLock = Arc<tokio::sync::Mutex<()>>;
 pub(crate) struct Claim<H> {
     record: SandboxRecord,
     instance: Instance<H>,
+    /// Whether the agent has taken the claim's identity (token, env, hostname) yet.
+    ready: identify::ReadyRx,
     op: VerbLock,
     /// The previous CPU reading, for a usage rate.
     last_cpu: Option<(Instant, u64)>,
@@ -109,6 +112,7 @@ impl<H> State<H> {
 pub(crate) struct Inner<R: Runtime> {
     cfg: NodeConfig,
     paths: Paths,
+    templates: TemplateStore,
     runtime: R,
     state: Mutex<State<R::Handle>>,
     events: broadcast::Sender<InventoryEvent>,
@@ -159,9 +163,6 @@ impl ClaimSpec {
     }
 }
 
-const BASE_README: &str = "This directory is the state of a sandbox started from the `base` template.\n\
-Files written here are captured by checkpoints and copied into forks.\n";
-
 fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::io(what, e)
 }
@@ -194,21 +195,13 @@ impl<R: Runtime> Node<R> {
         ] {
             std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         }
-        let base = paths.templates.join("base");
-        if !base.exists() {
-            std::fs::create_dir_all(&base).map_err(io("creating the base template"))?;
-            std::fs::write(base.join("README.txt"), BASE_README)
-                .map_err(io("creating the base template"))?;
-        }
+        let templates = TemplateStore::new(&paths.templates, cfg.ids)?;
+        templates.clean_staging();
         let mut pools = BTreeMap::new();
         for p in &cfg.pools {
-            if !paths.templates.join(&p.key.template).is_dir() {
-                return Err(Error::invalid(format!(
-                    "pool {}: template directory {} does not exist",
-                    p.key,
-                    paths.templates.join(&p.key.template).display()
-                )));
-            }
+            templates
+                .get(&p.key.template)
+                .map_err(|e| e.context(format!("pool {}", p.key)))?;
             pools.insert(p.key.clone(), Pool::new(p.target));
         }
 
@@ -269,6 +262,7 @@ impl<R: Runtime> Node<R> {
         let paths_root = paths.root.clone();
         let inner = Arc::new(Inner {
             paths,
+            templates,
             runtime,
             state: Mutex::new(State {
                 claims: HashMap::new(),
@@ -331,31 +325,22 @@ impl<R: Runtime> Node<R> {
         ))
     }
 
-    fn template_dir(&self, template: &str) -> Result<PathBuf> {
-        model::pool::validate_template_name(template)?;
-        let dir = self.inner.paths.templates.join(template);
-        if dir.is_dir() {
-            Ok(dir)
-        } else {
-            Err(Error::not_found(format!(
-                "template {template:?} is not on node {:?}",
+    fn template(&self, name: &str) -> Result<Template> {
+        self.inner.templates.get(name).map_err(|e| match e.kind {
+            model::ErrorKind::NotFound => Error::not_found(format!(
+                "template {name:?} is not on node {:?}",
                 self.name()
-            )))
-        }
+            )),
+            _ => e,
+        })
     }
 
-    pub fn templates(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.inner.paths.templates)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
-                    .filter(|n| model::pool::validate_template_name(n).is_ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
+    pub fn templates(&self) -> Vec<Template> {
+        self.inner.templates.list()
+    }
+
+    pub fn runtime(&self) -> &R {
+        &self.inner.runtime
     }
 
     fn stamp(
@@ -395,7 +380,7 @@ impl<R: Runtime> Node<R> {
             cpu_count: tier.cpu_count,
             memory_bytes: tier.memory_bytes,
             state_dir: inst.dir.display().to_string(),
-            disk_bytes: self.inner.disk_bytes,
+            disk_bytes: self.inner.cfg.disk_bytes.unwrap_or(tier.disk_bytes),
             id,
         }
     }
@@ -417,11 +402,13 @@ impl<R: Runtime> Node<R> {
             .or_insert((0, record.claimed_at));
         used.0 += 1;
         used.1 = record.claimed_at;
+        let ready = self.identify(&record, &instance);
         st.claims.insert(
             record.id.clone(),
             Claim {
                 record: record.clone(),
                 instance,
+                ready,
                 op: Arc::new(tokio::sync::Mutex::new(())),
                 last_cpu: None,
             },
@@ -444,8 +431,13 @@ impl<R: Runtime> Node<R> {
         });
     }
 
-    /// Boots a fresh instance whose state is a copy of `seed`.
-    async fn boot(&self, key: &PoolKey, seed: &std::path::Path) -> Result<Instance<R::Handle>> {
+    /// Boots an instance of `template`, fresh or from a captured state.
+    async fn boot(
+        &self,
+        key: &PoolKey,
+        template: &Template,
+        seed: Option<&std::path::Path>,
+    ) -> Result<Instance<R::Handle>> {
         let id = ids::new_instance_id();
         let dir = self.inner.paths.sandboxes.join(&id);
         self.inner
@@ -453,6 +445,7 @@ impl<R: Runtime> Node<R> {
             .boot(runtime::BootSpec {
                 instance_id: &id,
                 key,
+                template,
                 seed,
                 dir: &dir,
             })
@@ -509,7 +502,7 @@ impl<R: Runtime> Node<R> {
                 max_sandboxes: cfg.max_sandboxes,
                 cold_start: cfg.cold_start,
             },
-            templates: self.templates(),
+            templates: self.templates().into_iter().map(|t| t.meta.name).collect(),
             revision: st.revision,
             lost: st.lost.iter().cloned().collect(),
             runtime: self.inner.runtime.name().to_string(),

@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 
 use super::runtime::{Instance, Runtime};
 use super::{ClaimSpec, Node, Origin, VerbLock};
-use crate::fsx;
 use crate::model::CheckpointFilter;
 use crate::model::{
     self, CheckpointRecord, Error, InventoryChange, Phase, PoolKey, Result, SandboxRecord,
@@ -20,7 +19,7 @@ impl<R: Runtime> Node<R> {
     /// Returns the record (with its token) and whether it came warm.
     pub async fn claim(&self, key: &PoolKey, spec: ClaimSpec) -> Result<(SandboxRecord, bool)> {
         spec.validate()?;
-        let seed = {
+        let template = {
             let mut st = self.state();
             if st.closing {
                 return Err(Error::unavailable(format!(
@@ -42,11 +41,11 @@ impl<R: Runtime> Node<R> {
                     self.name()
                 )));
             }
-            let seed = self.template_dir(&key.template)?;
+            let template = self.template(&key.template)?;
             self.reserve(&mut st, 1)?;
-            seed
+            template
         };
-        let booted = self.boot(key, &seed).await;
+        let booted = self.boot(key, &template, None).await;
         let record = self.adopt(booted, key, &spec, Origin::Pool)?;
         Ok((record, false))
     }
@@ -86,9 +85,28 @@ impl<R: Runtime> Node<R> {
             self.reserve(&mut st, 1)?;
             ck
         };
+        let template = match self.checkpoint_template(&ck) {
+            Ok(t) => t,
+            Err(e) => {
+                self.state().booting_for_claims -= 1;
+                return Err(e);
+            }
+        };
         let seed = self.inner.paths.checkpoints.join(&ck.id);
-        let booted = self.boot(&ck.key, &seed).await;
+        let booted = self.boot(&ck.key, &template, Some(&seed)).await;
         self.adopt(booted, &ck.key, &spec, Origin::Checkpoint(ck.id))
+    }
+
+    /// The template a checkpoint's layer sits on, if it is still the same build.
+    fn checkpoint_template(&self, ck: &CheckpointRecord) -> Result<crate::templates::Template> {
+        let template = self.template(&ck.key.template)?;
+        if !ck.template_id.is_empty() && ck.template_id != template.meta.id {
+            return Err(Error::conflict(format!(
+                "checkpoint {} was taken on an earlier build of template {:?}, which has been rebuilt since; its layer no longer fits",
+                ck.id, ck.key.template
+            )));
+        }
+        Ok(template)
     }
 
     /// Turns a booted instance (reserved with `reserve`) into a claim.
@@ -249,6 +267,7 @@ impl<R: Runtime> Node<R> {
         let (op, inst) = self.claim_handle(id)?;
         let _guard = op.lock_owned().await;
         let parent = self.record_of(id)?;
+        let template = self.template(&parent.key.template)?;
         self.reserve(&mut self.state(), count)?;
         let scratch = self.inner.paths.scratch.join(ids::new_instance_id());
         let captured = self
@@ -258,7 +277,8 @@ impl<R: Runtime> Node<R> {
             .await;
         let booted: Vec<Result<Instance<R::Handle>>> = match captured {
             Ok(_) => {
-                let boots = (0..count).map(|_| self.boot(&parent.key, &scratch));
+                let boots =
+                    (0..count).map(|_| self.boot(&parent.key, &template, Some(&scratch)));
                 futures::future::join_all(boots).await
             }
             Err(e) => (0..count).map(|_| Err(e.clone())).collect(),
@@ -320,6 +340,10 @@ impl<R: Runtime> Node<R> {
             .runtime
             .capture(&inst, source.phase == Phase::Paused, &dest)
             .await?;
+        let template_id = self
+            .template(&source.key.template)
+            .map(|t| t.meta.id)
+            .unwrap_or_default();
         let record = CheckpointRecord {
             id: ck_id,
             name: name.to_string(),
@@ -328,6 +352,7 @@ impl<R: Runtime> Node<R> {
             created_at: Utc::now(),
             size_bytes: size,
             node: self.name().to_string(),
+            template_id,
         };
         self.state()
             .checkpoints
@@ -382,21 +407,12 @@ impl<R: Runtime> Node<R> {
             .map_err(|e| Error::io(format!("removing {}", dir.display()), e))
     }
 
-    /// Measured use of one sandbox: CPU since the previous call (or since the claim),
-    /// resident memory of its processes, and the disk its state occupies.
+    /// Measured use of one sandbox: CPU since the previous call (or since the claim), its
+    /// memory and its disk as the runtime measures them.
     pub async fn stats(&self, id: &str) -> Result<SandboxStats> {
         let (_, inst) = self.claim_handle(id)?;
         let usage = self.inner.runtime.usage(&inst).await?;
-        let dir = inst.dir.clone();
-        let root = self.inner.paths.root.clone();
-        let (disk_used, disk_total) = tokio::task::spawn_blocking(move || {
-            (
-                fsx::tree_disk_usage(&dir).unwrap_or(0),
-                fsx::filesystem_capacity(&root).unwrap_or(0),
-            )
-        })
-        .await
-        .map_err(|e| Error::internal(format!("measuring disk use failed: {e}")))?;
+        let (disk_used, disk_total) = (usage.disk_used, usage.disk_total);
         let now = Instant::now();
         let mut st = self.state();
         let Some(c) = st.claims.get_mut(id) else {
@@ -417,7 +433,7 @@ impl<R: Runtime> Node<R> {
             cpu_used_pct: (used / elapsed * 100.0).min(100.0 * c.record.cpu_count as f64),
             mem_used_bytes: usage.mem_bytes,
             mem_total_bytes: c.record.memory_bytes,
-            mem_used_measured: usage.processes > 0,
+            mem_used_measured: usage.measured,
             disk_used_bytes: disk_used,
             disk_total_bytes: disk_total,
             measured_at: Utc::now(),

@@ -7,6 +7,7 @@ use tokio::task::JoinSet;
 use super::Node;
 use super::runtime::{Instance, Runtime};
 use crate::model::{PoolKey, Result};
+use crate::templates::Template;
 
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -14,7 +15,7 @@ const REFILL_SETTLE: Duration = Duration::from_millis(20);
 
 impl<R: Runtime> Node<R> {
     /// Picks the pools to top up now, reserving a slot for each boot.
-    fn plan_refill(&self, in_flight: usize) -> Vec<(PoolKey, std::path::PathBuf)> {
+    fn plan_refill(&self, in_flight: usize) -> Vec<(PoolKey, Template)> {
         let mut plan = Vec::new();
         let concurrency = self.inner.cfg.refill_concurrency.max(1);
         let max = self.inner.cfg.max_sandboxes;
@@ -25,7 +26,7 @@ impl<R: Runtime> Node<R> {
         }
         let keys: Vec<PoolKey> = st.pools.keys().cloned().collect();
         for key in keys {
-            let Ok(seed) = self.template_dir(&key.template) else {
+            let Ok(template) = self.template(&key.template) else {
                 continue;
             };
             loop {
@@ -40,7 +41,7 @@ impl<R: Runtime> Node<R> {
                     break;
                 }
                 pool.booting += 1;
-                plan.push((key.clone(), seed.clone()));
+                plan.push((key.clone(), template.clone()));
             }
         }
         plan
@@ -76,10 +77,10 @@ impl<R: Runtime> Node<R> {
     pub(super) async fn refill_loop(self) {
         let mut boots: JoinSet<(PoolKey, Result<Instance<R::Handle>>)> = JoinSet::new();
         loop {
-            for (key, seed) in self.plan_refill(boots.len()) {
+            for (key, template) in self.plan_refill(boots.len()) {
                 let node = self.clone();
                 boots.spawn(async move {
-                    let booted = node.boot(&key, &seed).await;
+                    let booted = node.boot(&key, &template, None).await;
                     (key, booted)
                 });
             }

@@ -194,6 +194,7 @@ impl From<super::Checkpoint> for model::CheckpointRecord {
             sandbox_id: c.sandbox_id,
             size_bytes: c.size_bytes,
             node: c.node,
+            template_id: String::new(),
         }
     }
 }

@@ -1,28 +1,78 @@
-//! Cgroups give each instance a handle on its whole process tree: freezing it (pause) and
-//! killing every member, even processes that left the instance's process group.
-//! cgroup v2 is preferred (cgroup.freeze, cgroup.kill); the v1 freezer is the fallback.
+//! Cgroups give each instance its limits (memory, CPU, processes), its measurements, a way to
+//! freeze it (pause) and a way to kill every member, even processes that left the instance's
+//! process group. A pure cgroup v2 host uses one directory per instance; a hybrid host (v1
+//! controllers beside a nearly empty v2 mount, as on these machines) uses the v2 directory for
+//! freezing and killing and v1 directories for the controllers.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flavor {
+use serde::{Deserialize, Serialize};
+
+/// What one hierarchy provides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// cgroup v2 with the controllers listed in `Hierarchy::controllers`.
     V2,
     V1Freezer,
+    V1Memory,
+    V1Pids,
+    V1Cpu,
+    V1Cpuacct,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hierarchy {
+    pub kind: Kind,
+    /// This node's directory in the hierarchy; one child per instance.
+    pub parent: PathBuf,
+    /// v2 only: the controllers enabled for instances.
+    #[serde(default)]
+    pub controllers: Vec<String>,
+}
+
+/// The hierarchies this node uses.
 #[derive(Debug, Clone)]
 pub struct Cgroups {
-    pub flavor: Flavor,
-    /// This node's directory; one child per instance.
-    pub parent: PathBuf,
+    pub hierarchies: Vec<Hierarchy>,
+}
+
+/// One instance's directories, one per hierarchy (in the order of `Cgroups::hierarchies`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CgroupSet {
+    pub dirs: Vec<(Kind, PathBuf)>,
+}
+
+/// An instance's limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    pub pids: u32,
+}
+
+/// Measured use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Measured {
+    pub memory_bytes: Option<u64>,
+    pub cpu_ns: Option<u64>,
+    pub pids: Option<u32>,
+    pub oom_kills: Option<u64>,
 }
 
 const SETTLE: Duration = Duration::from_secs(5);
+const CPU_PERIOD_US: u64 = 100_000;
 
-fn mounts() -> Vec<(String, String, String)> {
+struct Mount {
+    dir: String,
+    ty: String,
+    opts: String,
+}
+
+fn mounts() -> Vec<Mount> {
     let Ok(text) = fs::read_to_string("/proc/self/mounts") else {
         return Vec::new();
     };
@@ -33,12 +83,12 @@ fn mounts() -> Vec<(String, String, String)> {
             let dir = f.next()?.to_string();
             let ty = f.next()?.to_string();
             let opts = f.next()?.to_string();
-            Some((dir, ty, opts))
+            Some(Mount { dir, ty, opts })
         })
         .collect()
 }
 
-/// This process's cgroup path in the hierarchy that matches `pick`.
+/// This process's path in the hierarchy whose /proc/self/cgroup line matches `pick`.
 fn own_path(pick: impl Fn(&str, &str) -> bool) -> Option<String> {
     let text = fs::read_to_string("/proc/self/cgroup").ok()?;
     text.lines().find_map(|l| {
@@ -56,54 +106,182 @@ fn under(mount: &str, path: &str, leaf: &str) -> PathBuf {
         .join(leaf)
 }
 
+const WANTED_V2: [&str; 3] = ["memory", "pids", "cpu"];
+
+fn v2_controllers(dir: &Path) -> Vec<String> {
+    fs::read_to_string(dir.join("cgroup.controllers"))
+        .map(|t| t.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Enables the wanted controllers for `dir`'s children; on a cgroup that holds processes
+/// (this node, typically) the kernel refuses, so this process first moves into a leaf of its own.
+fn enable_v2(own: &Path, parent: &Path) -> bool {
+    let enable = |dir: &Path| {
+        let line = WANTED_V2.map(|c| format!("+{c}")).join(" ");
+        fs::write(dir.join("cgroup.subtree_control"), line)
+    };
+    if enable(own).is_err() {
+        let leaf = own.join("sandbox-gateway-node");
+        if fs::create_dir_all(&leaf).is_err()
+            || fs::write(leaf.join("cgroup.procs"), std::process::id().to_string()).is_err()
+            || enable(own).is_err()
+        {
+            return false;
+        }
+    }
+    enable(parent).is_ok()
+}
+
 impl Cgroups {
-    /// Finds a usable hierarchy and creates this node's directory in it. `tag` keeps nodes that
-    /// share a machine apart.
+    /// Finds the hierarchies this machine offers and creates this node's directory in each.
+    /// `tag` keeps nodes that share a machine apart. None when nothing usable is mounted.
     pub fn detect(tag: &str) -> Option<Cgroups> {
         let leaf = format!("sandbox-gateway.{tag}");
         let mounts = mounts();
-        if let Some((dir, _, _)) = mounts.iter().find(|(_, ty, _)| ty == "cgroup2") {
-            let own = own_path(|id, c| id == "0" && c.is_empty()).unwrap_or_default();
-            let parent = under(dir, &own, &leaf);
+        let mut hierarchies = Vec::new();
+        if let Some(m) = mounts.iter().find(|m| m.ty == "cgroup2") {
+            let own_rel = own_path(|id, c| id == "0" && c.is_empty()).unwrap_or_default();
+            let own = under(&m.dir, &own_rel, "");
+            let parent = under(&m.dir, &own_rel, &leaf);
             if fs::create_dir_all(&parent).is_ok() && parent.join("cgroup.freeze").exists() {
-                return Some(Cgroups {
-                    flavor: Flavor::V2,
+                let offered = v2_controllers(&own);
+                let full = WANTED_V2.iter().all(|c| offered.iter().any(|o| o == c))
+                    && enable_v2(&own, &parent);
+                hierarchies.push(Hierarchy {
+                    kind: Kind::V2,
                     parent,
+                    controllers: if full {
+                        WANTED_V2.map(str::to_string).to_vec()
+                    } else {
+                        Vec::new()
+                    },
                 });
+            } else {
+                let _ = fs::remove_dir(&parent);
             }
-            let _ = fs::remove_dir(&parent);
         }
-        if let Some((dir, _, _)) = mounts
+        let v2_full = hierarchies.first().is_some_and(|h| !h.controllers.is_empty());
+        if !v2_full {
+            for (controller, kind) in [
+                ("freezer", Kind::V1Freezer),
+                ("memory", Kind::V1Memory),
+                ("pids", Kind::V1Pids),
+                ("cpu", Kind::V1Cpu),
+                ("cpuacct", Kind::V1Cpuacct),
+            ] {
+                if kind == Kind::V1Freezer && !hierarchies.is_empty() {
+                    continue; // v2 freezes and kills
+                }
+                let has = |opts: &str| opts.split(',').any(|o| o == controller);
+                let Some(m) = mounts.iter().find(|m| m.ty == "cgroup" && has(&m.opts)) else {
+                    continue;
+                };
+                let own = own_path(|_, c| c.split(',').any(|x| x == controller)).unwrap_or_default();
+                let parent = under(&m.dir, &own, &leaf);
+                if fs::create_dir_all(&parent).is_ok() {
+                    hierarchies.push(Hierarchy {
+                        kind,
+                        parent,
+                        controllers: Vec::new(),
+                    });
+                }
+            }
+        }
+        (!hierarchies.is_empty()).then_some(Cgroups { hierarchies })
+    }
+
+    /// Whether memory, CPU and process limits can all be enforced.
+    pub fn enforces_limits(&self) -> bool {
+        let has = |k: Kind| self.hierarchies.iter().any(|h| h.kind == k);
+        self.hierarchies
             .iter()
-            .find(|(_, ty, opts)| ty == "cgroup" && opts.split(',').any(|o| o == "freezer"))
-        {
-            let own = own_path(|_, c| c.split(',').any(|x| x == "freezer")).unwrap_or_default();
-            let parent = under(dir, &own, &leaf);
-            if fs::create_dir_all(&parent).is_ok() && parent.join("freezer.state").exists() {
-                return Some(Cgroups {
-                    flavor: Flavor::V1Freezer,
-                    parent,
-                });
+            .any(|h| h.kind == Kind::V2 && h.controllers.len() == WANTED_V2.len())
+            || (has(Kind::V1Memory) && has(Kind::V1Pids) && has(Kind::V1Cpu))
+    }
+
+    /// A one-line description for the startup log.
+    pub fn describe(&self) -> String {
+        self.hierarchies
+            .iter()
+            .map(|h| match h.kind {
+                Kind::V2 if h.controllers.is_empty() => "v2 (freeze, kill)".to_string(),
+                Kind::V2 => format!("v2 ({})", h.controllers.join(", ")),
+                Kind::V1Freezer => "v1 freezer".into(),
+                Kind::V1Memory => "v1 memory".into(),
+                Kind::V1Pids => "v1 pids".into(),
+                Kind::V1Cpu => "v1 cpu".into(),
+                Kind::V1Cpuacct => "v1 cpuacct".into(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    pub fn create(&self, name: &str) -> io::Result<CgroupSet> {
+        let mut set = CgroupSet { dirs: Vec::new() };
+        for h in &self.hierarchies {
+            let p = h.parent.join(name);
+            if let Err(e) = fs::create_dir(&p) {
+                let _ = self.destroy(&set);
+                return Err(e);
             }
-            let _ = fs::remove_dir(&parent);
+            set.dirs.push((h.kind, p));
         }
-        None
+        Ok(set)
     }
 
-    pub fn create(&self, name: &str) -> io::Result<PathBuf> {
-        let p = self.parent.join(name);
-        fs::create_dir(&p)?;
-        Ok(p)
+    /// Applies the limits. Swap is capped at zero where the kernel offers the knob, so the
+    /// memory limit is a limit on memory, not on memory plus swap.
+    pub fn limit(&self, set: &CgroupSet, l: Limits) -> io::Result<()> {
+        let quota = CPU_PERIOD_US * l.cpus.max(1) as u64;
+        for (kind, dir) in &set.dirs {
+            match kind {
+                Kind::V2 => {
+                    let h = self.hierarchies.iter().find(|h| h.kind == Kind::V2);
+                    if h.is_none_or(|h| h.controllers.is_empty()) {
+                        continue;
+                    }
+                    fs::write(dir.join("memory.max"), l.memory_bytes.to_string())?;
+                    let _ = fs::write(dir.join("memory.swap.max"), "0");
+                    fs::write(dir.join("pids.max"), l.pids.to_string())?;
+                    fs::write(dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}"))?;
+                }
+                Kind::V1Memory => {
+                    fs::write(dir.join("memory.limit_in_bytes"), l.memory_bytes.to_string())?;
+                    let _ = fs::write(
+                        dir.join("memory.memsw.limit_in_bytes"),
+                        l.memory_bytes.to_string(),
+                    );
+                }
+                Kind::V1Pids => fs::write(dir.join("pids.max"), l.pids.to_string())?,
+                Kind::V1Cpu => {
+                    fs::write(dir.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())?;
+                    fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+                }
+                Kind::V1Freezer | Kind::V1Cpuacct => {}
+            }
+        }
+        Ok(())
     }
 
-    pub fn procs_file(cg: &Path) -> PathBuf {
-        cg.join("cgroup.procs")
+    pub fn procs_files(set: &CgroupSet) -> Vec<PathBuf> {
+        set.dirs.iter().map(|(_, d)| d.join("cgroup.procs")).collect()
     }
 
-    pub fn pids(cg: &Path) -> Vec<i32> {
-        fs::read_to_string(Self::procs_file(cg))
+    /// The instance's processes (every hierarchy holds all of them; the first is read).
+    pub fn pids(set: &CgroupSet) -> Vec<i32> {
+        set.dirs
+            .first()
+            .and_then(|(_, d)| fs::read_to_string(d.join("cgroup.procs")).ok())
             .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
             .unwrap_or_default()
+    }
+
+    fn freezer(set: &CgroupSet) -> Option<(Kind, &Path)> {
+        set.dirs
+            .iter()
+            .find(|(k, _)| matches!(k, Kind::V2 | Kind::V1Freezer))
+            .map(|(k, d)| (*k, d.as_path()))
     }
 
     fn wait_for(mut done: impl FnMut() -> bool) -> bool {
@@ -119,9 +297,9 @@ impl Cgroups {
         }
     }
 
-    pub fn freeze(&self, cg: &Path) -> io::Result<()> {
-        match self.flavor {
-            Flavor::V2 => {
+    pub fn freeze(&self, set: &CgroupSet) -> io::Result<()> {
+        match Self::freezer(set) {
+            Some((Kind::V2, cg)) => {
                 fs::write(cg.join("cgroup.freeze"), "1")?;
                 let events = cg.join("cgroup.events");
                 let ok = Self::wait_for(|| {
@@ -130,8 +308,9 @@ impl Cgroups {
                 if !ok {
                     return Err(io::Error::other("cgroup did not report frozen in time"));
                 }
+                Ok(())
             }
-            Flavor::V1Freezer => {
+            Some((_, cg)) => {
                 let state = cg.join("freezer.state");
                 fs::write(&state, "FROZEN")?;
                 let ok = Self::wait_for(|| {
@@ -140,63 +319,139 @@ impl Cgroups {
                 if !ok {
                     return Err(io::Error::other("freezer did not reach FROZEN in time"));
                 }
+                Ok(())
             }
-        }
-        Ok(())
-    }
-
-    pub fn thaw(&self, cg: &Path) -> io::Result<()> {
-        match self.flavor {
-            Flavor::V2 => fs::write(cg.join("cgroup.freeze"), "0"),
-            Flavor::V1Freezer => fs::write(cg.join("freezer.state"), "THAWED"),
+            None => Err(io::Error::other("no freezer for this instance")),
         }
     }
 
-    /// Kills every member, waits until the cgroup is empty, and removes it.
-    pub fn destroy(&self, cg: &Path) -> io::Result<()> {
-        if !cg.exists() {
-            return Ok(());
+    pub fn thaw(&self, set: &CgroupSet) -> io::Result<()> {
+        match Self::freezer(set) {
+            Some((Kind::V2, cg)) => fs::write(cg.join("cgroup.freeze"), "0"),
+            Some((_, cg)) => fs::write(cg.join("freezer.state"), "THAWED"),
+            None => Ok(()),
         }
-        let kill_file = cg.join("cgroup.kill");
+    }
+
+    /// Kills every member, waits until the instance is empty, and removes its directories.
+    pub fn destroy(&self, set: &CgroupSet) -> io::Result<()> {
+        let kill_file = Self::freezer(set)
+            .filter(|(k, _)| *k == Kind::V2)
+            .map(|(_, d)| d.join("cgroup.kill"));
         let emptied = Self::wait_for(|| {
-            if self.flavor == Flavor::V2 && kill_file.exists() {
-                let _ = fs::write(&kill_file, "1");
-            } else {
-                for pid in Self::pids(cg) {
-                    super::sys::kill_pid(pid, libc::SIGKILL);
+            match &kill_file {
+                Some(f) if f.exists() => {
+                    let _ = fs::write(f, "1");
+                }
+                _ => {
+                    for pid in Self::pids(set) {
+                        super::sys::kill_pid(pid, libc::SIGKILL);
+                    }
                 }
             }
-            // A frozen v1 task only acts on SIGKILL once thawed.
-            let _ = self.thaw(cg);
-            Self::pids(cg).is_empty()
+            // A frozen task only acts on SIGKILL once thawed.
+            let _ = self.thaw(set);
+            set.dirs.iter().all(|(_, d)| {
+                !d.exists()
+                    || fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|t| t.trim().is_empty())
+            })
         });
         if !emptied {
-            return Err(io::Error::other(format!(
-                "processes in {} did not exit",
-                cg.display()
-            )));
+            return Err(io::Error::other("the instance's processes did not exit"));
         }
-        // The kernel may need a moment after the last exit before rmdir succeeds.
         let mut last = Ok(());
-        Self::wait_for(|| {
-            last = fs::remove_dir(cg);
-            last.is_ok() || !cg.exists()
-        });
+        for (_, d) in &set.dirs {
+            // The kernel may need a moment after the last exit before rmdir succeeds.
+            Self::wait_for(|| {
+                last = fs::remove_dir(d);
+                last.is_ok() || !d.exists()
+            });
+        }
         match last {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
     }
 
-    /// Instance cgroups left in this node's directory (by an earlier run).
-    pub fn children(&self) -> Vec<PathBuf> {
-        fs::read_dir(&self.parent)
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path())
-                    .collect()
+    pub fn measure(set: &CgroupSet) -> Measured {
+        let mut m = Measured::default();
+        let read = |p: PathBuf| fs::read_to_string(p).ok();
+        let stat_value = |text: &str, key: &str| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
             })
-            .unwrap_or_default()
+        };
+        for (kind, dir) in &set.dirs {
+            match kind {
+                Kind::V2 => {
+                    if let Some(t) = read(dir.join("memory.current")) {
+                        let inactive = read(dir.join("memory.stat"))
+                            .and_then(|s| stat_value(&s, "inactive_file"))
+                            .unwrap_or(0);
+                        m.memory_bytes = t.trim().parse::<u64>().ok().map(|v| v.saturating_sub(inactive));
+                    }
+                    if let Some(t) = read(dir.join("cpu.stat")) {
+                        m.cpu_ns = stat_value(&t, "usage_usec").map(|us| us * 1000);
+                    }
+                    if let Some(t) = read(dir.join("pids.current")) {
+                        m.pids = t.trim().parse().ok();
+                    }
+                    if let Some(t) = read(dir.join("memory.events")) {
+                        m.oom_kills = stat_value(&t, "oom_kill");
+                    }
+                }
+                Kind::V1Memory => {
+                    if let Some(t) = read(dir.join("memory.usage_in_bytes")) {
+                        let inactive = read(dir.join("memory.stat"))
+                            .and_then(|s| stat_value(&s, "total_inactive_file"))
+                            .unwrap_or(0);
+                        m.memory_bytes = t.trim().parse::<u64>().ok().map(|v| v.saturating_sub(inactive));
+                    }
+                    m.oom_kills = read(dir.join("memory.oom_control"))
+                        .and_then(|t| stat_value(&t, "oom_kill"));
+                }
+                Kind::V1Cpuacct => {
+                    m.cpu_ns = read(dir.join("cpuacct.usage")).and_then(|t| t.trim().parse().ok());
+                }
+                Kind::V1Pids => {
+                    m.pids = read(dir.join("pids.current")).and_then(|t| t.trim().parse().ok());
+                }
+                Kind::V1Cpu | Kind::V1Freezer => {}
+            }
+        }
+        m
+    }
+
+    /// Instance directories left by an earlier run of this node, one set per instance name.
+    pub fn leftovers(&self) -> Vec<CgroupSet> {
+        let mut names: Vec<std::ffi::OsString> = Vec::new();
+        for h in &self.hierarchies {
+            if let Ok(d) = fs::read_dir(&h.parent) {
+                for e in d.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) && !names.contains(&e.file_name()) {
+                        names.push(e.file_name());
+                    }
+                }
+            }
+        }
+        names
+            .into_iter()
+            .map(|n| CgroupSet {
+                dirs: self
+                    .hierarchies
+                    .iter()
+                    .map(|h| (h.kind, h.parent.join(&n)))
+                    .filter(|(_, d)| d.exists())
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Removes this node's (empty) directories.
+    pub fn remove_parents(&self) {
+        for h in &self.hierarchies {
+            let _ = fs::remove_dir(&h.parent);
+        }
     }
 }

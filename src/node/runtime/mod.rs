@@ -1,24 +1,30 @@
 //! Where an instance lives. The node owns pools, leases and checkpoints; a runtime only boots,
-//! freezes, copies and destroys instances. The default is `process`; a microVM runtime can
-//! implement the same trait.
+//! freezes, captures, reaches and destroys instances. The default is `builtin` (Linux
+//! namespaces, cgroups, seccomp); others implement the same trait.
 
+pub mod builtin;
 pub mod cgroup;
-pub mod process;
+pub mod dial;
+pub mod disk;
 pub mod sys;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use serde::{Serialize, de::DeserializeOwned};
+use tokio::net::TcpStream;
 
 use crate::model::{PoolKey, Result};
+use crate::templates::Template;
 
-/// A running instance: its state directory, its agent's address, and the runtime's handle.
+/// A running instance: its directory on the node and the runtime's handle.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 #[serde(bound = "H: Serialize + DeserializeOwned")]
 pub struct Instance<H> {
     pub id: String,
     pub dir: PathBuf,
+    /// Where the instance can be reached, when that is an address (empty when only `dial`
+    /// reaches it).
     pub address: String,
     pub handle: H,
 }
@@ -26,9 +32,11 @@ pub struct Instance<H> {
 pub struct BootSpec<'a> {
     pub instance_id: &'a str,
     pub key: &'a PoolKey,
-    /// The directory the instance's state is copied from (a template or a checkpoint).
-    pub seed: &'a Path,
-    /// The instance's own state directory; must not exist yet.
+    pub template: &'a Template,
+    /// A directory a `capture` filled (a checkpoint's or a fork's) to start from; a fresh
+    /// instance of the template when None.
+    pub seed: Option<&'a Path>,
+    /// The instance's own directory; must not exist yet.
     pub dir: &'a Path,
 }
 
@@ -38,6 +46,12 @@ pub struct Usage {
     pub cpu_ns: u64,
     pub mem_bytes: u64,
     pub processes: u32,
+    /// False when the numbers are not measurements.
+    pub measured: bool,
+    pub disk_used: u64,
+    pub disk_total: u64,
+    /// Processes the kernel killed for exceeding the memory limit.
+    pub oom_kills: u64,
 }
 
 pub trait Runtime: Send + Sync + 'static {
@@ -45,20 +59,24 @@ pub trait Runtime: Send + Sync + 'static {
 
     fn name(&self) -> &'static str;
 
+    /// What isolates what, for the startup log.
+    fn describe(&self) -> String;
+
     fn boot(
         &self,
         spec: BootSpec<'_>,
     ) -> impl Future<Output = Result<Instance<Self::Handle>>> + Send;
 
-    /// Stops the instance and removes everything it had, including its state directory.
+    /// Stops the instance and removes everything it had, including its directory.
     fn destroy(&self, inst: &Instance<Self::Handle>) -> impl Future<Output = Result<()>> + Send;
 
     fn pause(&self, inst: &Instance<Self::Handle>) -> impl Future<Output = Result<()>> + Send;
 
     fn resume(&self, inst: &Instance<Self::Handle>) -> impl Future<Output = Result<()>> + Send;
 
-    /// Copies the instance's state into `dest` (which must not exist), consistent as of one
-    /// moment; returns the bytes copied. `paused` says whether the instance is paused now.
+    /// Captures the instance's state into the directory `dest` (which must not exist),
+    /// consistent as of one moment, so that `BootSpec::seed` can start copies of it; returns
+    /// the bytes captured. `paused` says whether the instance is paused now.
     fn capture(
         &self,
         inst: &Instance<Self::Handle>,
@@ -69,6 +87,16 @@ pub trait Runtime: Send + Sync + 'static {
     fn usage(&self, inst: &Instance<Self::Handle>) -> impl Future<Output = Result<Usage>> + Send;
 
     fn is_alive(&self, inst: &Instance<Self::Handle>) -> bool;
+
+    /// A connection to `port` inside the instance (its agent, or a server of its own).
+    fn dial(
+        &self,
+        inst: &Instance<Self::Handle>,
+        port: u16,
+    ) -> impl Future<Output = Result<TcpStream>> + Send;
+
+    /// The secret the instance's agent wants on `/init`.
+    fn init_token(&self, inst: &Instance<Self::Handle>) -> String;
 
     /// Removes whatever an earlier run of this node left behind (processes, cgroups).
     fn reclaim_orphans(&self) -> impl Future<Output = ()> + Send;

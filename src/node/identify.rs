@@ -1,0 +1,131 @@
+//! Gives a claimed instance its identity: the node posts envd's `/init` to the instance's agent
+//! (through the runtime's dial, authenticated with the instance's boot secret) with the
+//! sandbox's access token, its environment (the template's, then the claim's), its default
+//! user and working directory, and its hostname. Warm claims answer before this finishes; the
+//! data plane waits for it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::Node;
+use super::runtime::{Instance, Runtime};
+use crate::model::{Error, Result, SandboxRecord, ids};
+use crate::sandbox::spec::ENVD_PORT;
+
+/// Whether a claim's agent has taken its identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ready {
+    Pending,
+    Done,
+    Failed(String),
+}
+
+pub(crate) type ReadyRx = watch::Receiver<Ready>;
+
+const INIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// envd's /init body (plus our `hostname`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InitBody<'a> {
+    access_token: &'a str,
+    env_vars: BTreeMap<String, String>,
+    default_user: &'a str,
+    default_workdir: &'a str,
+    hostname: String,
+}
+
+/// One HTTP/1.1 POST to the agent over a dialed connection.
+async fn post_init(stream: tokio::net::TcpStream, token: &str, body: Vec<u8>) -> Result<()> {
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| Error::unavailable(format!("talking to the agent: {e}")))?;
+    let driver = tokio::spawn(conn);
+    let req = hyper::Request::post("/init")
+        .header("host", "envd")
+        .header("content-type", "application/json")
+        .header("x-access-token", token)
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| Error::internal(format!("building the /init request: {e}")))?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| Error::unavailable(format!("the agent's /init: {e}")));
+    driver.abort();
+    let status = resp?.status();
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(Error::internal(format!("the agent's /init answered {status}")))
+    }
+}
+
+impl<R: Runtime> Node<R> {
+    /// Starts giving `record`'s agent its identity in the background.
+    pub(super) fn identify(&self, record: &SandboxRecord, inst: &Instance<R::Handle>) -> ReadyRx {
+        let (tx, rx) = watch::channel(Ready::Pending);
+        let node = self.clone();
+        let record = record.clone();
+        let inst = inst.clone();
+        self.inner.tasks.spawn(async move {
+            let outcome = tokio::time::timeout(INIT_TIMEOUT, node.send_init(&record, &inst))
+                .await
+                .unwrap_or_else(|_| Err(Error::unavailable("the agent's /init timed out")));
+            let state = match outcome {
+                Ok(()) => Ready::Done,
+                Err(e) => {
+                    tracing::error!(id = %record.id, error = %e, "the agent did not take its identity");
+                    Ready::Failed(e.message)
+                }
+            };
+            let _ = tx.send(state);
+        });
+        rx
+    }
+
+    async fn send_init(&self, record: &SandboxRecord, inst: &Instance<R::Handle>) -> Result<()> {
+        let template = self.template(&record.key.template)?;
+        let mut env_vars = template.meta.env.clone();
+        env_vars.extend(record.env_vars.clone());
+        let body = InitBody {
+            access_token: &record.token,
+            env_vars,
+            default_user: "user",
+            default_workdir: template.meta.workdir.as_deref().unwrap_or("/home/user"),
+            hostname: ids::dns_safe(&record.id),
+        };
+        let body = serde_json::to_vec(&body)
+            .map_err(|e| Error::internal(format!("encoding /init: {e}")))?;
+        let stream = self.inner.runtime.dial(inst, ENVD_PORT).await?;
+        post_init(stream, &self.inner.runtime.init_token(inst), body).await
+    }
+
+    /// Waits until the sandbox's agent has its identity (or says why it never will).
+    pub async fn wait_ready(&self, id: &str, timeout: Duration) -> Result<()> {
+        let mut rx = {
+            let st = self.state();
+            match st.claims.get(id) {
+                Some(c) => c.ready.clone(),
+                None => return Err(self.not_found(&st, id)),
+            }
+        };
+        let waited = tokio::time::timeout(timeout, rx.wait_for(|r| *r != Ready::Pending)).await;
+        match waited {
+            Ok(Ok(r)) => match &*r {
+                Ready::Done => Ok(()),
+                Ready::Failed(why) => Err(Error::unavailable(format!(
+                    "sandbox {id} is not serving: {why}"
+                ))),
+                Ready::Pending => Err(Error::unavailable(format!("sandbox {id} is starting"))),
+            },
+            Ok(Err(_)) => Err(Error::unavailable(format!("sandbox {id} is gone"))),
+            Err(_) => Err(Error::unavailable(format!("sandbox {id} is still starting"))),
+        }
+    }
+}

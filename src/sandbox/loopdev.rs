@@ -1,0 +1,112 @@
+//! Loop devices for sandbox disk images. A device is configured with autoclear, so it is
+//! detached by the kernel as soon as its last user (the mount, or this process's descriptor)
+//! is gone: a sandbox that dies for any reason leaves no loop device behind.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+const LO_NAME_SIZE: usize = 64;
+const LO_KEY_SIZE: usize = 32;
+
+/// `struct loop_info64` from linux/loop.h.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; LO_NAME_SIZE],
+    lo_crypt_name: [u8; LO_NAME_SIZE],
+    lo_encrypt_key: [u8; LO_KEY_SIZE],
+    lo_init: [u64; 2],
+}
+
+/// `struct loop_config` from linux/loop.h.
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// A configured loop device; dropping it closes this process's descriptor (the device stays
+/// attached while something has it mounted).
+pub struct LoopDevice {
+    pub path: PathBuf,
+    _dev: File,
+}
+
+/// Attaches `image` to a free loop device with autoclear. Another process may take the free
+/// device between the two calls; that is retried.
+pub fn attach(image: &Path) -> io::Result<LoopDevice> {
+    let backing = OpenOptions::new().read(true).write(true).open(image)?;
+    let control = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")?;
+    let mut last = io::Error::other("no loop device could be configured");
+    for _ in 0..32 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
+        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let path = PathBuf::from(format!("/dev/loop{n}"));
+        let dev = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(d) => d,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        // SAFETY: an all-zero loop_config is valid; the fields that matter are set below.
+        let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+        cfg.fd = backing.as_raw_fd() as u32;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        // SAFETY: LOOP_CONFIGURE reads one loop_config from the pointer we pass.
+        let rc = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) };
+        if rc == 0 {
+            return Ok(LoopDevice { path, _dev: dev });
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EBUSY) {
+            return Err(err);
+        }
+        last = err;
+    }
+    Err(last)
+}
+
+/// Backing files of the loop devices attached now, for leak checks.
+pub fn attached_backing_files() -> Vec<PathBuf> {
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .map(|s| PathBuf::from(s.trim_end()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_the_kernel() {
+        assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+    }
+}

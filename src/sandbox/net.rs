@@ -1,0 +1,200 @@
+//! A sandbox's network namespace, set up by its supervisor (host root) so that the namespace
+//! belongs to the host's user namespace: the sandbox's own root cannot change its interfaces,
+//! routes or sysctls. `none` keeps loopback only; `egress` adds slirp4netns (user-mode
+//! networking: no bridge, no host interface) and `prohibit` routes for every private and local
+//! range and the host's own addresses, so the internet is reachable and the host is not.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::spec::BootSpec;
+
+/// Ranges no sandbox may reach, whatever else its policy says: "this network", private,
+/// shared (carrier NAT), loopback, link-local, multicast and reserved IPv4 space. The host's
+/// own addresses and the networks it is attached to are added at run time.
+pub const ALWAYS_BLOCKED: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+];
+/// slirp4netns's fixed network: the sandbox is 10.0.2.100, its gateway 10.0.2.2 (with host
+/// loopback forwarding disabled) and its resolver 10.0.2.3.
+pub const SLIRP_DNS: &str = "10.0.2.3";
+const SLIRP_SUBNET: &str = "10.0.2.0/24";
+
+/// Brings loopback up and lets the sandbox bind low ports and ping: both are per-namespace
+/// sysctls that only the host can write, and neither reaches outside the namespace.
+pub fn setup_namespace() -> io::Result<()> {
+    loopback_up()?;
+    std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
+    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")?;
+    Ok(())
+}
+
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket call; the descriptor is owned right after.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an all-zero ifreq is valid; the name is set below.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we pass.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A running slirp4netns; it exits by itself when the supervisor's end of its exit pipe
+/// closes, and is killed when dropped.
+pub struct Slirp {
+    child: Child,
+    _exit_write: OwnedFd,
+}
+
+impl Drop for Slirp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+const SLIRP_READY_FD: RawFd = 3;
+const SLIRP_EXIT_FD: RawFd = 4;
+
+/// Starts slirp4netns in the host's network namespace (`host_netns`), attached to ours, and
+/// waits until it has configured `tap0` with an address, a default route and DNS.
+pub fn start_slirp(program: &Path, host_netns: &File, timeout: Duration) -> io::Result<Slirp> {
+    let (ready_read, ready_write) = pipe()?;
+    let (exit_read, exit_write) = pipe()?;
+    let netns_path = format!("/proc/{}/ns/net", std::process::id());
+    let mut cmd = Command::new(program);
+    cmd.args([
+        "--configure",
+        "--mtu=65520",
+        "--disable-host-loopback",
+        "--enable-sandbox",
+        "--enable-seccomp",
+    ])
+    .arg(format!("--ready-fd={SLIRP_READY_FD}"))
+    .arg(format!("--exit-fd={SLIRP_EXIT_FD}"))
+    .args(["--netns-type=path", &netns_path, "tap0"])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null());
+    let host = host_netns.as_raw_fd();
+    let (rw, er) = (ready_write.as_raw_fd(), exit_read.as_raw_fd());
+    // SAFETY: the supervisor is single-threaded; the closure only makes system calls on
+    // descriptors prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(host, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::dup2(rw, SLIRP_READY_FD) < 0 || libc::dup2(er, SLIRP_EXIT_FD) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    drop(ready_write);
+    drop(exit_read);
+    let mut slirp = Slirp {
+        child,
+        _exit_write: exit_write,
+    };
+    let deadline = Instant::now() + timeout;
+    let mut ready = File::from(ready_read);
+    let mut pfd = libc::pollfd {
+        fd: ready.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::other("slirp4netns did not become ready in time"));
+        }
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        break;
+    }
+    let mut byte = [0u8; 1];
+    match ready.read(&mut byte) {
+        Ok(1) => Ok(slirp),
+        _ => {
+            let status = slirp.child.try_wait().ok().flatten();
+            Err(io::Error::other(format!(
+                "slirp4netns exited before it was ready ({status:?})"
+            )))
+        }
+    }
+}
+
+/// Makes every blocked range unroutable. A `prohibit` route is more specific than the default
+/// route through tap0, so packets to these ranges fail at once with EACCES; slirp's own
+/// subnet (gateway and resolver) stays reachable as the more specific connected route.
+pub fn block_routes(spec: &BootSpec) -> io::Result<()> {
+    let mut batch = String::new();
+    for cidr in &spec.blocked {
+        if cidr == SLIRP_SUBNET {
+            continue;
+        }
+        batch.push_str(&format!("route replace prohibit {cidr}\n"));
+    }
+    // IPv6 never reaches out (slirp4netns runs without it), but say so in the table too.
+    batch.push_str("route replace prohibit ::/0\n");
+    let mut child = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(batch.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "ip -batch failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}

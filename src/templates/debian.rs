@@ -1,0 +1,246 @@
+//! Templates from Debian packages: `mmdebstrap` builds a minimal system with the packages
+//! asked for, from the host's apt sources (or deb.debian.org when the host has none), adds
+//! the user `user` (uid 1000, as on e2b) and lets pip install packages. A derived template is
+//! another template plus packages installed with apt in a chroot.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::shift::{Shift, shift_tree};
+use super::{Kind, Progress, Template, TemplateMeta, new_meta};
+use crate::model::{Error, Result};
+use crate::sandbox::spec::{IdMap, RootKind};
+
+/// What `base` holds, as on e2b's base template: a shell and the usual tools, Python with pip,
+/// Node.js with npm, git and curl.
+pub const BASE_PACKAGES: &[&str] = &[
+    "bash",
+    "ca-certificates",
+    "coreutils",
+    "curl",
+    "git",
+    "iproute2",
+    "less",
+    "nodejs",
+    "npm",
+    "passwd",
+    "procps",
+    "python3",
+    "python3-pip",
+    "python3-venv",
+];
+
+const SUITE_FALLBACK: &str = "bookworm";
+const MIRROR_FALLBACK: &str = "http://deb.debian.org/debian";
+
+pub fn find_mmdebstrap() -> Option<PathBuf> {
+    which("mmdebstrap")
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// The base packages plus `extra`, without duplicates; package names are checked so that
+/// nothing reaches the command line as an option.
+pub fn package_list(extra: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = BASE_PACKAGES.iter().map(|s| s.to_string()).collect();
+    for p in extra {
+        if !out.contains(p) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+fn validate_packages(packages: &[String]) -> Result<()> {
+    for p in packages {
+        let ok = !p.is_empty()
+            && p.len() <= 128
+            && p.as_bytes()[0].is_ascii_alphanumeric()
+            && p
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.:=~".contains(&b));
+        if !ok {
+            return Err(Error::invalid(format!("{p:?} is not a Debian package name")));
+        }
+    }
+    Ok(())
+}
+
+/// The host's Debian suite, when it is Debian.
+fn host_suite() -> Option<String> {
+    let text = std::fs::read_to_string("/etc/os-release").ok()?;
+    let is_debian = text.lines().any(|l| l == "ID=debian");
+    let code = text
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))?
+        .trim_matches('"')
+        .to_string();
+    (is_debian && !code.is_empty()).then_some(code)
+}
+
+fn host_has_apt_sources() -> bool {
+    Path::new("/etc/apt/sources.list").is_file()
+        || std::fs::read_dir("/etc/apt/sources.list.d").is_ok_and(|d| {
+            d.flatten().any(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.ends_with(".list") || n.ends_with(".sources")
+            })
+        })
+}
+
+/// Runs `cmd`, passing each line it prints on stderr to `progress` with a prefix.
+fn run_with_progress(mut cmd: Command, label: &str, progress: Progress<'_>) -> Result<()> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::io(format!("starting {label}"), e))?;
+    let mut tail: Vec<String> = Vec::new();
+    if let Some(err) = child.stderr.take() {
+        for line in BufReader::new(err).lines().map_while(|l| l.ok()) {
+            progress(&format!("  {line}"));
+            tail.push(line);
+            if tail.len() > 20 {
+                tail.remove(0);
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| Error::io(format!("waiting for {label}"), e))?;
+    if !status.success() {
+        return Err(Error::internal(format!(
+            "{label} failed ({status}): {}",
+            tail.join(" | ")
+        )));
+    }
+    Ok(())
+}
+
+/// Hooks run inside the new tree: the e2b user, and pip allowed to install (Debian marks
+/// its Python as externally managed, which would refuse `pip install` outright).
+const CUSTOMIZE: &[&str] = &[
+    "chroot \"$1\" useradd --create-home --uid 1000 --user-group --shell /bin/bash user",
+    "rm -f \"$1\"/usr/lib/python3*/EXTERNALLY-MANAGED",
+];
+
+pub fn bootstrap(
+    mmdebstrap: &Path,
+    staging: &Path,
+    name: &str,
+    packages: &[String],
+    ids: IdMap,
+    progress: Progress<'_>,
+) -> Result<TemplateMeta> {
+    validate_packages(packages)?;
+    let suite = host_suite().unwrap_or_else(|| SUITE_FALLBACK.to_string());
+    let root = staging.join(super::ROOTFS);
+    progress(&format!(
+        "building template {name} from Debian {suite} with mmdebstrap ({} packages; about a minute on a fast mirror)",
+        packages.len()
+    ));
+    let mut cmd = Command::new(mmdebstrap);
+    cmd.arg("--variant=minbase")
+        .arg(format!("--include={}", packages.join(",")))
+        .arg("--dpkgopt=path-exclude=/usr/share/man/*")
+        .arg("--dpkgopt=path-exclude=/usr/share/doc/*")
+        .arg("--dpkgopt=path-include=/usr/share/doc/*/copyright")
+        .arg("--dpkgopt=path-exclude=/usr/share/locale/*");
+    for hook in CUSTOMIZE {
+        cmd.arg(format!("--customize-hook={hook}"));
+    }
+    cmd.arg(&suite).arg(&root);
+    if !host_has_apt_sources() {
+        cmd.arg(MIRROR_FALLBACK);
+    }
+    run_with_progress(cmd, "mmdebstrap", progress)?;
+    shift_tree(&root, ids, Shift::In)
+        .map_err(|e| Error::io("moving the template into the sandbox id range", e))?;
+    let mut meta = new_meta(
+        name,
+        Kind::Debian,
+        RootKind::Complete,
+        ids,
+        format!("mmdebstrap --variant=minbase {suite}"),
+    );
+    meta.packages = packages.to_vec();
+    Ok(meta)
+}
+
+/// A copy of `parent` with `packages` installed by apt, run as host root in a chroot of its
+/// own mount namespace (with /proc and /dev) and the host's resolver.
+pub fn derive(
+    parent: &Template,
+    staging: &Path,
+    name: &str,
+    packages: &[String],
+    ids: IdMap,
+    progress: Progress<'_>,
+) -> Result<TemplateMeta> {
+    validate_packages(packages)?;
+    if packages.is_empty() {
+        return Err(Error::invalid("--packages names nothing to add"));
+    }
+    let root = staging.join(super::ROOTFS);
+    progress(&format!(
+        "building template {name} from {} plus {}",
+        parent.meta.name,
+        packages.join(", ")
+    ));
+    let mut cp = Command::new("cp");
+    cp.args(["-a", "--reflink=auto"]).arg(&parent.root).arg(&root);
+    run_with_progress(cp, "copying the parent template", progress)?;
+    shift_tree(&root, ids, Shift::Out).map_err(|e| Error::io("preparing the copy", e))?;
+    let _ = std::fs::copy("/etc/resolv.conf", root.join("etc/resolv.conf"));
+    let script = format!(
+        "set -e; mount -t proc proc \"$1/proc\"; mount --rbind /dev \"$1/dev\"; \
+         chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get update -qq; \
+         chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {}; \
+         chroot \"$1\" apt-get clean",
+        packages.join(" ")
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script, "derive"])
+        .arg(&root);
+    let ran = run_with_progress(cmd, "apt-get in the new template", progress);
+    let shifted = shift_tree(&root, ids, Shift::In)
+        .map_err(|e| Error::io("moving the template into the sandbox id range", e));
+    ran?;
+    shifted?;
+    let mut meta = new_meta(
+        name,
+        Kind::Derived,
+        parent.meta.root_kind,
+        ids,
+        format!("{} + apt-get install", parent.meta.name),
+    );
+    meta.packages = parent.meta.packages.clone();
+    meta.packages.extend(packages.iter().cloned());
+    meta.env = parent.meta.env.clone();
+    meta.workdir = parent.meta.workdir.clone();
+    Ok(meta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_names_are_checked() {
+        assert!(validate_packages(&["python3".into(), "libc6-dev".into(), "g++".into()]).is_ok());
+        assert!(validate_packages(&["--allow-unauthenticated".into()]).is_err());
+        assert!(validate_packages(&["a b".into()]).is_err());
+        assert!(validate_packages(&["".into()]).is_err());
+        let list = package_list(&["jq".into(), "git".into()]);
+        assert_eq!(list.iter().filter(|p| *p == "git").count(), 1);
+        assert!(list.contains(&"jq".to_string()));
+    }
+}

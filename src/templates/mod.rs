@@ -1,0 +1,360 @@
+//! Templates: read-only root filesystems that sandboxes start from, each a directory
+//! `NAME/rootfs` with its description `NAME/template.json`, shared by every sandbox of the
+//! template through an overlay. A template's files are owned by the node's unprivileged id
+//! range (sandbox root = `uid_base`), so they look right from inside a sandbox's user
+//! namespace. Built from Debian packages (mmdebstrap), imported from an OCI image archive, or,
+//! when mmdebstrap is missing, composed from the host's `/usr`.
+
+mod debian;
+mod host;
+mod oci;
+mod shift;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Error, ErrorKind, Result, ids, pool::validate_template_name};
+use crate::sandbox::spec::{IdMap, RootKind};
+
+pub use debian::{BASE_PACKAGES, find_mmdebstrap};
+
+const META: &str = "template.json";
+const ROOTFS: &str = "rootfs";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// Built from Debian packages with mmdebstrap.
+    Debian,
+    /// Another template plus packages installed with apt.
+    Derived,
+    /// Imported from an OCI image archive.
+    Oci,
+    /// Composed from the host's /usr (the fallback without mmdebstrap).
+    Host,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TemplateMeta {
+    pub name: String,
+    /// Changes with every build; checkpoints remember it, since their layers only fit it.
+    pub id: String,
+    pub kind: Kind,
+    pub root_kind: RootKind,
+    pub packages: Vec<String>,
+    pub size_bytes: u64,
+    pub created_at: DateTime<Utc>,
+    pub uid_base: u32,
+    /// How it was made, for people.
+    pub source: String,
+    /// Environment every command in the sandbox gets (an image's `Env`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory and user an image asks for.
+    #[serde(default)]
+    pub workdir: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Template {
+    pub meta: TemplateMeta,
+    pub root: PathBuf,
+}
+
+/// Progress lines for people waiting on a build.
+pub type Progress<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// The templates directory of a node.
+#[derive(Debug, Clone)]
+pub struct TemplateStore {
+    dir: PathBuf,
+    ids: IdMap,
+}
+
+/// What `template build` asks for.
+#[derive(Debug, Clone, Default)]
+pub struct BuildSpec {
+    pub name: String,
+    pub packages: Vec<String>,
+    pub from: Option<String>,
+    pub force: bool,
+}
+
+fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(what, e)
+}
+
+/// Holds the templates directory's build lock for as long as it lives.
+struct BuildLock {
+    _file: fs::File,
+}
+
+impl TemplateStore {
+    pub fn new(dir: impl Into<PathBuf>, ids: IdMap) -> Result<TemplateStore> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        // Sandboxes find their template by this path from their own directory.
+        let dir = dir
+            .canonicalize()
+            .map_err(io(format!("resolving {}", dir.display())))?;
+        Ok(TemplateStore { dir, ids })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn ids(&self) -> IdMap {
+        self.ids
+    }
+
+    fn lock(&self) -> Result<BuildLock> {
+        use std::os::fd::AsRawFd;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(".lock"))
+            .map_err(io("opening the templates lock"))?;
+        // SAFETY: flock on a descriptor we own; blocks until other builders are done.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(Error::io(
+                "locking the templates directory",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(BuildLock { _file: f })
+    }
+
+    pub fn get(&self, name: &str) -> Result<Template> {
+        validate_template_name(name)?;
+        let dir = self.dir.join(name);
+        let meta_path = dir.join(META);
+        let bytes = match fs::read(&meta_path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::not_found(format!(
+                    "template {name:?} is not in {}",
+                    self.dir.display()
+                )));
+            }
+            Err(e) => return Err(Error::io(format!("reading {}", meta_path.display()), e)),
+        };
+        let meta: TemplateMeta = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::internal(format!("{} is damaged: {e}", meta_path.display())))?;
+        if meta.uid_base != self.ids.base {
+            return Err(Error::invalid(format!(
+                "template {name:?} was prepared for uid base {}, this node uses {}; rebuild it (`sandbox-gateway template build {name} --force`)",
+                meta.uid_base, self.ids.base
+            )));
+        }
+        Ok(Template {
+            meta,
+            root: dir.join(ROOTFS),
+        })
+    }
+
+    /// Every usable template, by name.
+    pub fn list(&self) -> Vec<Template> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<Template> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| validate_template_name(n).is_ok())
+            .filter_map(|n| self.get(&n).ok())
+            .collect();
+        out.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
+        out
+    }
+
+    /// Makes sure `base` exists: built from Debian packages when mmdebstrap is installed,
+    /// otherwise composed from the host's `/usr` (and the command that installs mmdebstrap is
+    /// printed).
+    pub fn ensure_base(&self, progress: Progress<'_>) -> Result<Template> {
+        if let Ok(t) = self.get("base") {
+            if t.meta.kind == Kind::Host && find_mmdebstrap().is_some() {
+                progress(
+                    "template base is composed from this machine's /usr; for the Debian template run `sandbox-gateway template build base --force`",
+                );
+            }
+            return Ok(t);
+        }
+        let _lock = self.lock()?;
+        if let Ok(t) = self.get("base") {
+            return Ok(t); // built by another process while we waited
+        }
+        self.set_aside_legacy("base")?;
+        match find_mmdebstrap() {
+            Some(_) => self.build_locked(
+                &BuildSpec {
+                    name: "base".into(),
+                    ..Default::default()
+                },
+                progress,
+            ),
+            None => {
+                progress(
+                    "mmdebstrap is not installed: composing template base from this machine's /usr (read-only inside sandboxes)",
+                );
+                progress(
+                    "  for the full Debian template (python3, nodejs, git, ...): apt-get install mmdebstrap, then `sandbox-gateway template build base --force`",
+                );
+                self.install(|staging| host::compose(staging, self.ids), progress)
+            }
+        }
+    }
+
+    /// A directory of the same name without a description (what older versions called a
+    /// template) is moved aside rather than deleted.
+    fn set_aside_legacy(&self, name: &str) -> Result<()> {
+        let dir = self.dir.join(name);
+        if dir.is_dir() && !dir.join(META).exists() {
+            let aside = self.dir.join(format!(".legacy-{name}-{}", ids::random_hex(4)));
+            fs::rename(&dir, &aside).map_err(io(format!("moving {} aside", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    pub fn build(&self, spec: &BuildSpec, progress: Progress<'_>) -> Result<Template> {
+        validate_template_name(&spec.name)?;
+        let _lock = self.lock()?;
+        self.build_locked(spec, progress)
+    }
+
+    fn build_locked(&self, spec: &BuildSpec, progress: Progress<'_>) -> Result<Template> {
+        self.refuse_existing(&spec.name, spec.force)?;
+        match &spec.from {
+            None => {
+                let mmdebstrap = find_mmdebstrap().ok_or_else(|| {
+                    Error::invalid(
+                        "building a template needs mmdebstrap (apt-get install mmdebstrap)",
+                    )
+                })?;
+                let packages = debian::package_list(&spec.packages);
+                self.install(
+                    |staging| debian::bootstrap(&mmdebstrap, staging, &spec.name, &packages, self.ids, progress),
+                    progress,
+                )
+            }
+            Some(from) => {
+                let parent = self.get(from)?;
+                if parent.meta.kind == Kind::Host {
+                    return Err(Error::invalid(format!(
+                        "template {from:?} is composed from the host's /usr and cannot take packages; build it with mmdebstrap first"
+                    )));
+                }
+                self.install(
+                    |staging| debian::derive(&parent, staging, &spec.name, &spec.packages, self.ids, progress),
+                    progress,
+                )
+            }
+        }
+    }
+
+    pub fn import(
+        &self,
+        name: &str,
+        archive: &Path,
+        force: bool,
+        progress: Progress<'_>,
+    ) -> Result<Template> {
+        validate_template_name(name)?;
+        let _lock = self.lock()?;
+        self.refuse_existing(name, force)?;
+        self.install(
+            |staging| oci::import(archive, staging, name, self.ids, progress),
+            progress,
+        )
+    }
+
+    fn refuse_existing(&self, name: &str, force: bool) -> Result<()> {
+        if !force && self.dir.join(name).join(META).exists() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "template {name:?} exists; pass --force to replace it (running sandboxes keep the old one)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Builds into a staging directory with `make` (which fills `staging/rootfs` and returns
+    /// the description), then swaps it in. The old template, if any, is removed only after the
+    /// swap; sandboxes still running on it keep their bind mount of the old tree.
+    fn install(
+        &self,
+        make: impl FnOnce(&Path) -> Result<TemplateMeta>,
+        progress: Progress<'_>,
+    ) -> Result<Template> {
+        let started = Instant::now();
+        let staging = self.dir.join(format!(".staging-{}", ids::random_hex(6)));
+        fs::create_dir_all(&staging).map_err(io(format!("creating {}", staging.display())))?;
+        let made = make(&staging);
+        let mut meta = match made {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&staging);
+                return Err(e);
+            }
+        };
+        let root = staging.join(ROOTFS);
+        meta.size_bytes = crate::fsx::tree_disk_usage(&root).unwrap_or(0);
+        let bytes = serde_json::to_vec_pretty(&meta)
+            .map_err(|e| Error::internal(format!("encoding the template description: {e}")))?;
+        crate::fsx::write_atomic(&staging.join(META), &bytes)
+            .map_err(io("writing the template description"))?;
+        let dest = self.dir.join(&meta.name);
+        let old = self.dir.join(format!(".old-{}-{}", meta.name, ids::random_hex(4)));
+        if dest.exists() {
+            fs::rename(&dest, &old).map_err(io(format!("replacing {}", dest.display())))?;
+        }
+        fs::rename(&staging, &dest).map_err(io(format!("installing {}", dest.display())))?;
+        if old.exists() {
+            let _ = fs::remove_dir_all(&old);
+        }
+        progress(&format!(
+            "template {} ready in {:.0} s ({} MiB)",
+            meta.name,
+            started.elapsed().as_secs_f64(),
+            meta.size_bytes >> 20
+        ));
+        self.get(&meta.name)
+    }
+
+    /// Removes staging directories an interrupted build left.
+    pub fn clean_staging(&self) {
+        if let Ok(entries) = fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                let n = e.file_name().to_string_lossy().to_string();
+                if n.starts_with(".staging-") || n.starts_with(".old-") {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+}
+
+/// A fresh description for a template being made now.
+fn new_meta(name: &str, kind: Kind, root_kind: RootKind, ids: IdMap, source: String) -> TemplateMeta {
+    TemplateMeta {
+        name: name.to_string(),
+        id: ids::random_hex(8),
+        kind,
+        root_kind,
+        packages: Vec::new(),
+        size_bytes: 0,
+        created_at: Utc::now(),
+        uid_base: ids.base,
+        source,
+        env: BTreeMap::new(),
+        workdir: None,
+    }
+}
