@@ -56,7 +56,7 @@ pub enum TemplateCommand {
 #[derive(Debug, Clone, Args)]
 pub struct TemplateDirArgs {
     /// The templates directory [default: DATA_DIR/node/templates, the embedded node's].
-    #[arg(long)]
+    #[arg(long, env = "SANDBOX_GATEWAY_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
     #[arg(long, env = "SANDBOX_GATEWAY_DATA_DIR", default_value_os_t = default_data_dir())]
     pub data_dir: PathBuf,
@@ -83,8 +83,11 @@ pub struct TemplateBuildArgs {
     #[arg(long)]
     pub from: Option<String>,
     /// Replace a template of the same name.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "if_missing")]
     pub force: bool,
+    /// Succeed without building when the template exists.
+    #[arg(long)]
+    pub if_missing: bool,
     #[command(flatten)]
     pub dir: TemplateDirArgs,
 }
@@ -251,6 +254,10 @@ pub struct NodeArgs {
     /// Address of the node's gRPC listener.
     #[arg(long, default_value = "127.0.0.1:7777")]
     pub listen: String,
+    /// Address of the node's data plane (HTTP CONNECT into sandboxes) [default: the gRPC
+    /// port + 1 on the same host].
+    #[arg(long)]
+    pub data_listen: Option<String>,
     /// Address the node tells others to reach it at [default: the bound address].
     #[arg(long)]
     pub advertise_address: Option<String>,
@@ -304,7 +311,7 @@ pub struct SandboxArgs {
     #[arg(long)]
     pub sandbox_disk_mib: Option<u64>,
     /// Directory of templates [default: the node's DATA_DIR/templates]; nodes may share one.
-    #[arg(long)]
+    #[arg(long, env = "SANDBOX_GATEWAY_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
 }
 

@@ -6,6 +6,9 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::ErrorHandlerResponse;
 
+/// Marks a response that must reach the client unchanged.
+pub struct Passthrough;
+
 /// Rewrites an error response that is not JSON yet (a framework 404 or 405, an extractor's
 /// plain-text error) into the surface's JSON error, made by `envelope` from the status and a
 /// message. The status and other headers (such as `Allow`) are kept.
@@ -13,6 +16,10 @@ pub fn json_error<B>(
     res: ServiceResponse<B>,
     envelope: impl FnOnce(StatusCode, String) -> HttpResponse,
 ) -> actix_web::Result<ErrorHandlerResponse<B>> {
+    // Another party's answer (a sandbox's, through the data-plane proxy) is passed on as it is.
+    if res.response().extensions().contains::<Passthrough>() {
+        return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
+    }
     let is_json = res
         .response()
         .headers()

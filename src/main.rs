@@ -67,6 +67,7 @@ async fn run_node(args: NodeArgs) -> Result<()> {
     let running = daemon::start(DaemonConfig {
         node,
         listen: args.listen.clone(),
+        data_listen: args.data_listen.clone(),
         advertise_address: args.advertise_address.clone(),
         token,
         agent: AgentCommand::current_exe().map_err(|e| Error::io("locating this executable", e))?,
@@ -82,9 +83,10 @@ async fn run_node(args: NodeArgs) -> Result<()> {
         (p, stop, task)
     });
     println!(
-        "node {} listening on {} (token in {})",
+        "node {} listening on {} (data plane on {}; token in {})",
         running.node().name(),
         running.address,
+        running.data_address,
         token_file.display()
     );
     if publishing.is_some() {
@@ -123,6 +125,7 @@ fn template_command(cmd: TemplateCommand) -> Result<()> {
                     packages: b.packages,
                     from: b.from,
                     force: b.force,
+                    if_missing: b.if_missing,
                 },
                 &progress,
             )?;

@@ -618,6 +618,10 @@ fn full_inventory() -> inventory::NodeInventory {
         started_at: chrono::Utc::now(),
         disk_bytes: 1,
         usage: vec![],
+        data_address: String::new(),
+        template_info: vec![],
+        boundary: String::new(),
+        captures_memory: false,
     };
     inventory::NodeInventory::snapshot(&info, &[record], chrono::Utc::now())
 }

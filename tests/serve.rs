@@ -73,10 +73,10 @@ async fn serve_starts_an_embedded_node_and_stops_clean() {
         .unwrap();
     assert!(!bad.status.success());
 
-    // The embedded node fills its warm pool with real agent processes.
+    // The embedded node fills its warm pool with real sandboxes.
     let sandboxes = data.join("node/sandboxes");
     eventually(Duration::from_secs(30), "three warm sandboxes", || {
-        processes_under(&sandboxes).len() == 3 && dir_entries(&sandboxes).len() == 3
+        sandboxes_running(&sandboxes) == 3 && dir_entries(&sandboxes).len() == 3
     })
     .await;
     // First start generated the fleet token with owner-only permissions.

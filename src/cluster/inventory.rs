@@ -37,6 +37,18 @@ pub struct NodeInventory {
     /// Disk each sandbox on the node can use.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub disk_bytes: u64,
+    /// Where the node's data plane is (HTTP CONNECT into its sandboxes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub data_address: String,
+    /// The runtime and what it isolates.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub runtime: String,
+    /// Whether pause, snapshot and fork capture sandboxes' memory on this node.
+    #[serde(default)]
+    pub captures_memory: bool,
+    /// The templates the node can start sandboxes from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub templates: Vec<TemplateEntry>,
     /// When the node took this snapshot. An object without it never goes stale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_at: Option<DateTime<Utc>>,
@@ -44,6 +56,19 @@ pub struct NodeInventory {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// A template as a node advertises it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateEntry {
+    pub name: String,
+    #[serde(default)]
+    pub size_bytes: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<String>,
+    #[serde(default)]
+    pub kind: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +235,19 @@ impl NodeInventory {
                 .collect(),
             entries,
             disk_bytes: info.disk_bytes,
+            data_address: info.data_address.clone(),
+            runtime: info.runtime.clone(),
+            captures_memory: info.captures_memory,
+            templates: info
+                .template_info
+                .iter()
+                .map(|t| TemplateEntry {
+                    name: t.name.clone(),
+                    size_bytes: t.size_bytes,
+                    packages: t.packages.clone(),
+                    kind: t.kind.clone(),
+                })
+                .collect(),
             published_at: Some(at),
         }
     }

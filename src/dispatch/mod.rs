@@ -155,6 +155,11 @@ impl Dispatcher {
         d
     }
 
+    /// The fleet credential nodes require (their data planes too).
+    pub fn fleet_token(&self) -> &str {
+        &self.inner.token
+    }
+
     pub fn config(&self) -> &DispatcherConfig {
         &self.inner.cfg
     }

@@ -69,6 +69,10 @@ mod tests {
             started_at: chrono::Utc::now(),
             disk_bytes: 0,
             usage: vec![],
+            data_address: String::new(),
+            template_info: vec![],
+            boundary: String::new(),
+            captures_memory: false,
         });
         h
     }

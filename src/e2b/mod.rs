@@ -7,6 +7,7 @@ pub mod error;
 pub mod idempotency;
 pub mod listing;
 pub mod openapi;
+pub mod proxy;
 mod render;
 pub mod sandboxes;
 pub mod templates;
@@ -26,6 +27,8 @@ pub struct E2b {
     /// The sandbox domain the SDKs build data-plane host names from.
     pub domain: Option<String>,
     pub idempotency: idempotency::Idempotency,
+    /// Data-plane routing into sandboxes.
+    pub proxy: proxy::Proxy,
 }
 
 async fn health() -> HttpResponse {

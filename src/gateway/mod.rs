@@ -195,6 +195,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         let running = daemon::start(DaemonConfig {
             node,
             listen: "127.0.0.1:0".into(),
+            data_listen: None,
             advertise_address: None,
             token: token.clone(),
             agent: AgentCommand::current_exe()
@@ -289,6 +290,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         tokens,
         domain: cfg.e2b_domain.clone(),
         idempotency: Default::default(),
+        proxy: Default::default(),
     });
     let metrics_data = web::Data::new(metrics.clone());
     let server = HttpServer::new(move || {
@@ -298,6 +300,8 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             .app_data(metrics_data.clone())
             .wrap(e2b::json_errors())
             .wrap_fn(observe::observed(metrics.clone(), "e2b"))
+            // Before every route of the gateway's own: a request for a sandbox goes there.
+            .configure(e2b::proxy::configure)
             .route("/metrics", web::get().to(metrics_route))
             .configure(e2b::configure)
     })

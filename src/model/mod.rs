@@ -13,6 +13,7 @@ pub use lease::LeasePolicy;
 pub use pool::{PoolKey, PoolTarget, SizeTier};
 pub use sandbox::{
     CheckpointFilter, CheckpointRecord, DEFAULT_NAMESPACE, InventoryChange, InventoryEvent,
-    LostClaim, NodeInfo, NodeLimits, Phase, PoolStatus, SandboxRecord, SandboxStats, TemplateUsage,
+    LostClaim, NodeInfo, NodeLimits, Phase, PoolStatus, SandboxRecord, SandboxStats, TemplateInfo,
+    TemplateUsage,
     claim_ref, split_claim_ref,
 };

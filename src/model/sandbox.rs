@@ -208,6 +208,24 @@ pub struct NodeInfo {
     pub started_at: DateTime<Utc>,
     pub disk_bytes: u64,
     pub usage: Vec<TemplateUsage>,
+    /// host:port of the node's data plane (HTTP CONNECT into sandboxes).
+    pub data_address: String,
+    pub template_info: Vec<TemplateInfo>,
+    /// What the runtime isolates, for people.
+    pub boundary: String,
+    /// Whether pause, snapshot and fork capture memory.
+    pub captures_memory: bool,
+}
+
+/// A template as a node describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TemplateInfo {
+    pub name: String,
+    pub size_bytes: u64,
+    pub packages: Vec<String>,
+    pub kind: String,
+    pub source: String,
+    pub created_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,6 +14,8 @@ pub struct NodeConfig {
     pub templates_dir: Option<PathBuf>,
     /// Filled in once the listener is bound (or given explicitly).
     pub advertise_address: String,
+    /// The data plane's address as others reach it; filled in once it is bound.
+    pub data_address: String,
     pub pools: Vec<PoolTarget>,
     pub lease: LeasePolicy,
     pub fork_limit: u32,
@@ -40,6 +42,7 @@ impl NodeConfig {
             data_dir: data_dir.into(),
             templates_dir: None,
             advertise_address: String::new(),
+            data_address: String::new(),
             pools: Vec::new(),
             lease: LeasePolicy::default(),
             fork_limit: 16,

@@ -22,6 +22,9 @@ use crate::proto::node_server::NodeServer;
 pub struct DaemonConfig {
     pub node: NodeConfig,
     pub listen: String,
+    /// The data plane's listener [default: the gRPC port + 1 on the same host, or any free
+    /// port when the gRPC port is 0].
+    pub data_listen: Option<String>,
     /// The address the node advertises; the bound address when unset.
     pub advertise_address: Option<String>,
     pub token: String,
@@ -30,6 +33,7 @@ pub struct DaemonConfig {
 
 pub struct RunningNode {
     pub address: SocketAddr,
+    pub data_address: SocketAddr,
     node: Node<BuiltinRuntime>,
     server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
 }
@@ -41,6 +45,17 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
     let address = listener
         .local_addr()
         .map_err(|e| Error::io("reading the node listener address", e))?;
+    let data_listen = match &cfg.data_listen {
+        Some(a) => a.clone(),
+        None if address.port() == 0 => format!("{}:0", address.ip()),
+        None => format!("{}:{}", address.ip(), address.port().wrapping_add(1)),
+    };
+    let data_listener = tokio::net::TcpListener::bind(&data_listen)
+        .await
+        .map_err(|e| Error::io(format!("binding the data-plane listener {data_listen}"), e))?;
+    let data_address = data_listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the data-plane listener address", e))?;
     let mut node_cfg = cfg.node;
     std::fs::create_dir_all(&node_cfg.data_dir)
         .map_err(|e| Error::io(format!("creating {}", node_cfg.data_dir.display()), e))?;
@@ -49,6 +64,13 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         .canonicalize()
         .map_err(|e| Error::io(format!("resolving {}", node_cfg.data_dir.display()), e))?;
     node_cfg.advertise_address = cfg.advertise_address.unwrap_or_else(|| address.to_string());
+    // The data plane is advertised on the host the node is known by.
+    let advertised_host = node_cfg
+        .advertise_address
+        .rsplit_once(':')
+        .map_or(node_cfg.advertise_address.as_str(), |(h, _)| h)
+        .to_string();
+    node_cfg.data_address = format!("{advertised_host}:{}", data_address.port());
     let paths = node_cfg.paths();
     let lock = Node::<BuiltinRuntime>::lock_data_dir(&node_cfg)?;
     let store = TemplateStore::new(&paths.templates, node_cfg.ids)?;
@@ -74,6 +96,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         }
     }
     let node = Node::open(node_cfg, runtime, lock).await?;
+    tokio::spawn(node.clone().serve_data_plane(data_listener, cfg.token.clone()));
     let service = NodeServer::with_interceptor(
         NodeService::new(node.clone()),
         RequireFleetToken::new(&cfg.token),
@@ -93,6 +116,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
     );
     Ok(RunningNode {
         address,
+        data_address,
         node,
         server,
     })

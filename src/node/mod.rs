@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod dataplane;
 mod identify;
 mod leases;
 mod ops;
@@ -365,7 +366,8 @@ impl<R: Runtime> Node<R> {
             claimed_at: now,
             deadline: self.inner.cfg.lease.deadline(now, spec.ttl_seconds),
             phase: model::Phase::Running,
-            address: inst.address.clone(),
+            // Sandboxes are reached through the node's data plane, never directly.
+            address: self.inner.cfg.data_address.clone(),
             metadata: spec.metadata.clone(),
             env_vars: spec.env_vars.clone(),
             from_checkpoint: match &origin {
@@ -473,6 +475,7 @@ impl<R: Runtime> Node<R> {
     }
 
     pub fn info(&self) -> NodeInfo {
+        let templates = self.templates();
         let st = self.state();
         let cfg = &self.inner.cfg;
         NodeInfo {
@@ -502,7 +505,21 @@ impl<R: Runtime> Node<R> {
                 max_sandboxes: cfg.max_sandboxes,
                 cold_start: cfg.cold_start,
             },
-            templates: self.templates().into_iter().map(|t| t.meta.name).collect(),
+            templates: templates.iter().map(|t| t.meta.name.clone()).collect(),
+            template_info: templates
+                .iter()
+                .map(|t| model::TemplateInfo {
+                    name: t.meta.name.clone(),
+                    size_bytes: t.meta.size_bytes,
+                    packages: t.meta.packages.clone(),
+                    kind: format!("{:?}", t.meta.kind).to_lowercase(),
+                    source: t.meta.source.clone(),
+                    created_at: Some(t.meta.created_at),
+                })
+                .collect(),
+            data_address: cfg.data_address.clone(),
+            boundary: self.inner.runtime.describe(),
+            captures_memory: false,
             revision: st.revision,
             lost: st.lost.iter().cloned().collect(),
             runtime: self.inner.runtime.name().to_string(),

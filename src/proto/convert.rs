@@ -276,6 +276,21 @@ impl From<&model::NodeInfo> for super::NodeInfo {
             version: i.version.clone(),
             started_at_ms: to_ms(i.started_at),
             disk_bytes: i.disk_bytes,
+            data_address: i.data_address.clone(),
+            template_info: i
+                .template_info
+                .iter()
+                .map(|t| super::TemplateInfo {
+                    name: t.name.clone(),
+                    size_bytes: t.size_bytes,
+                    packages: t.packages.clone(),
+                    kind: t.kind.clone(),
+                    source: t.source.clone(),
+                    created_at_ms: t.created_at.map(to_ms).unwrap_or(0),
+                })
+                .collect(),
+            boundary: i.boundary.clone(),
+            captures_memory: i.captures_memory,
             usage: i
                 .usage
                 .iter()
@@ -324,6 +339,21 @@ impl From<super::NodeInfo> for model::NodeInfo {
                 .collect(),
             started_at: from_ms(i.started_at_ms),
             disk_bytes: i.disk_bytes,
+            data_address: i.data_address,
+            template_info: i
+                .template_info
+                .into_iter()
+                .map(|t| model::TemplateInfo {
+                    created_at: (t.created_at_ms != 0).then(|| from_ms(t.created_at_ms)),
+                    name: t.name,
+                    size_bytes: t.size_bytes,
+                    packages: t.packages,
+                    kind: t.kind,
+                    source: t.source,
+                })
+                .collect(),
+            boundary: i.boundary,
+            captures_memory: i.captures_memory,
             usage: i
                 .usage
                 .into_iter()

@@ -83,6 +83,8 @@ pub struct BuildSpec {
     pub packages: Vec<String>,
     pub from: Option<String>,
     pub force: bool,
+    /// Answer the existing template instead of refusing.
+    pub if_missing: bool,
 }
 
 fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
@@ -229,6 +231,11 @@ impl TemplateStore {
     }
 
     fn build_locked(&self, spec: &BuildSpec, progress: Progress<'_>) -> Result<Template> {
+        if spec.if_missing
+            && let Ok(t) = self.get(&spec.name)
+        {
+            return Ok(t);
+        }
         self.refuse_existing(&spec.name, spec.force)?;
         match &spec.from {
             None => {

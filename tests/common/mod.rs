@@ -54,10 +54,34 @@ pub struct Proc {
     pub seen: Vec<String>,
 }
 
+/// The templates every node of the tests uses: built once (with mmdebstrap) under `target/`
+/// and shared, since building `base` takes a minute.
+pub fn templates_dir() -> PathBuf {
+    static READY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    READY
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-templates");
+            // Serialized across test binaries by the templates directory's own lock.
+            let status = Command::new(BIN)
+                .args(["template", "build", "base", "--if-missing", "--templates-dir"])
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .status()
+                .expect("run `sandbox-gateway template build`");
+            assert!(
+                status.success(),
+                "building the test template failed; the tests need mmdebstrap (apt-get install mmdebstrap), which .ci/run installs"
+            );
+            dir
+        })
+        .clone()
+}
+
 impl Proc {
     pub fn spawn(args: &[String]) -> Proc {
         let mut child = Command::new(BIN)
             .args(args)
+            .env("SANDBOX_GATEWAY_TEMPLATES_DIR", templates_dir())
             .env(
                 "RUST_LOG",
                 std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into()),
@@ -230,6 +254,43 @@ pub fn processes_under(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// How many sandboxes under `dir` have live processes (each sandbox runs several: its
+/// supervisor, its init, its agent and what the agent starts).
+pub fn sandboxes_running(dir: &Path) -> usize {
+    let prefix = format!("{}/", dir.display());
+    let mut instances: Vec<String> = processes_under(dir)
+        .into_iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
+        .filter_map(|c| {
+            let text = String::from_utf8_lossy(&c).to_string();
+            let rest = text.split(&prefix).nth(1)?;
+            Some(rest.split('/').next()?.to_string())
+        })
+        .collect();
+    instances.sort();
+    instances.dedup();
+    instances.len()
+}
+
+/// Loop devices whose backing file is under `dir`, and mounts of the test process's (the
+/// host's) mount namespace under it: sandboxes must leave neither behind.
+pub fn kernel_leftovers(dir: &Path) -> Vec<String> {
+    let dir_s = dir.display().to_string();
+    let mut left: Vec<String> = sandbox_gateway::sandbox::loopdev::attached_backing_files()
+        .into_iter()
+        .filter(|p| p.starts_with(dir))
+        .map(|p| format!("loop device on {}", p.display()))
+        .collect();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    left.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&dir_s))
+            .map(|l| format!("mount {l}")),
+    );
+    left
+}
+
 pub fn dir_entries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| {
@@ -254,6 +315,12 @@ pub async fn assert_no_leaks(dir: &Path, sandboxes_dirs: &[PathBuf]) {
         Duration::from_secs(10),
         "no processes left under the test directory",
         || processes_under(dir).is_empty(),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "no loop devices or mounts left under the test directory",
+        || kernel_leftovers(dir).is_empty(),
     )
     .await;
     for d in sandboxes_dirs {

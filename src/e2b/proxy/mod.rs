@@ -1,0 +1,375 @@
+//! Data-plane routing on the e2b listener: a request that names a sandbox (by the
+//! `E2b-Sandbox-Id`/`E2b-Sandbox-Port` headers or a `{port}-{id}.{domain}` host) never reaches
+//! the gateway's own routes. It is streamed, both ways and without buffering, to that port
+//! inside the sandbox through the sandbox's node; envd's port (49983) gets its credential
+//! checked and swapped for the agent's, any other port is the sandbox's own server (HTTP and
+//! upgrades such as WebSocket). The gateway keeps no sandbox state beyond a route cache.
+
+mod credentials;
+mod target;
+mod tunnel;
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::body::{BodyStream, SizedStream};
+use actix_web::dev::RequestHead;
+use actix_web::guard::GuardContext;
+use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use http_body_util::{BodyExt, BodyDataStream, Empty, StreamBody};
+use hyper::body::Frame;
+use tokio::io::AsyncWriteExt;
+
+pub use credentials::{Access, Signed, sign};
+pub use target::{Target, target};
+use tunnel::{ProxyBody, TunnelError, Tunnels};
+
+use super::E2b;
+use crate::httpx::Passthrough;
+use crate::model::{ErrorKind, ids};
+
+/// How long a sandbox's route (its node and token) is remembered.
+const ROUTE_TTL: Duration = Duration::from_secs(60);
+/// Request-body chunks in flight between the client and the sandbox.
+const BODY_CHUNKS: usize = 8;
+
+#[derive(Clone)]
+struct Route {
+    /// The owning node's data plane.
+    node: String,
+    /// The agent's token (the node's per-sandbox token).
+    agent_token: String,
+    /// The sandbox's envdAccessToken as the SDK holds it.
+    jwt: String,
+}
+
+/// The proxy's state, part of the e2b surface's.
+pub struct Proxy {
+    tunnels: Arc<Tunnels>,
+    routes: moka::sync::Cache<String, Route>,
+}
+
+impl Default for Proxy {
+    fn default() -> Self {
+        Proxy {
+            tunnels: Arc::new(Tunnels::default()),
+            routes: moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(ROUTE_TTL)
+                .build(),
+        }
+    }
+}
+
+/// Headers that describe one hop, never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+];
+const ACCESS_TOKEN: &str = "x-access-token";
+
+fn host_of(head: &RequestHead) -> Option<&str> {
+    head.headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| head.uri.authority().map(|a| a.as_str()))
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn detect(head: &RequestHead, domain: Option<&str>) -> Option<Result<Target, target::Malformed>> {
+    target(
+        host_of(head),
+        header_str(&head.headers, target::ID_HEADER),
+        header_str(&head.headers, target::PORT_HEADER),
+        domain,
+    )
+}
+
+/// Whether a request is for a sandbox rather than for the gateway.
+pub fn is_data_plane(ctx: &GuardContext<'_>) -> bool {
+    let domain = ctx
+        .app_data::<web::Data<E2b>>()
+        .and_then(|e| e.domain.clone());
+    detect(ctx.head(), domain.as_deref()).is_some()
+}
+
+/// Registers the data plane ahead of every other route of the listener.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("")
+            .guard(actix_web::guard::fn_guard(is_data_plane))
+            .default_service(web::to(forward)),
+    );
+}
+
+/// An answer of the proxy itself, shaped as e2b's edge shapes it (the SDKs classify 502s by
+/// their message).
+fn answer(status: u16, sandbox: &str, message: &str) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(status)
+        .unwrap_or(actix_web::http::StatusCode::BAD_GATEWAY);
+    let body = serde_json::json!({"sandboxId": sandbox, "message": message, "code": status.as_u16()});
+    let mut res = HttpResponse::build(status)
+        .content_type("application/json")
+        .body(body.to_string());
+    res.extensions_mut().insert(Passthrough);
+    res
+}
+
+const NOT_FOUND: &str = "The sandbox was not found";
+const PORT_CLOSED: &str = "The sandbox is running but port is not open";
+
+impl Proxy {
+    async fn route(&self, e2b: &E2b, sandbox: &str) -> Result<Route, crate::model::Error> {
+        if let Some(r) = self.routes.get(sandbox) {
+            return Ok(r);
+        }
+        let (_, record) = e2b.dispatcher.locate(None, sandbox).await?;
+        if record.address.is_empty() {
+            return Err(crate::model::Error::unavailable(format!(
+                "the node of sandbox {sandbox} has no data plane"
+            )));
+        }
+        let route = Route {
+            node: record.address.clone(),
+            jwt: e2b.tokens.issue(&record.id, &record.token)?,
+            agent_token: record.token,
+        };
+        self.routes.insert(sandbox.to_string(), route.clone());
+        Ok(route)
+    }
+}
+
+fn is_upgrade(req: &HttpRequest) -> bool {
+    req.headers().contains_key(header::UPGRADE)
+        && header_str(req.headers(), "connection").is_some_and(|c| {
+            c.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        })
+}
+
+fn has_body(req: &HttpRequest) -> bool {
+    let h = req.headers();
+    h.contains_key(header::TRANSFER_ENCODING)
+        || header_str(h, "content-length").is_some_and(|l| l.trim() != "0")
+}
+
+/// The client's body, streamed to the sandbox with bounded buffering (back-pressure).
+fn request_body(mut payload: web::Payload) -> ProxyBody {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, io::Error>>(BODY_CHUNKS);
+    // The payload lives on this worker's thread; a local task feeds the channel.
+    actix_web::rt::spawn(async move {
+        while let Some(chunk) = payload.next().await {
+            let item = chunk.map_err(|e| io::Error::other(e.to_string()));
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx).map_ok(Frame::data))
+        .boxed_unsync()
+}
+
+fn empty_body() -> ProxyBody {
+    Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// The request as the sandbox gets it: same method, path, query and end-to-end headers; the
+/// access token replaced according to `access`.
+fn upstream_request(
+    req: &HttpRequest,
+    body: ProxyBody,
+    agent_token: Option<&str>,
+) -> Result<hyper::Request<ProxyBody>, String> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let mut b = hyper::Request::builder().method(req.method().as_str()).uri(path);
+    let upgrade = is_upgrade(req);
+    for (name, value) in req.headers() {
+        let n = name.as_str();
+        if n == ACCESS_TOKEN || (HOP_BY_HOP.contains(&n) && !(upgrade && (n == "upgrade" || n == "connection"))) {
+            continue;
+        }
+        b = b.header(n, value.as_bytes());
+    }
+    if host_of(req.head()).is_some() && !req.headers().contains_key(header::HOST) {
+        b = b.header("host", host_of(req.head()).unwrap_or_default());
+    }
+    if let Some(t) = agent_token {
+        b = b.header(ACCESS_TOKEN, t);
+    }
+    b.body(body).map_err(|e| e.to_string())
+}
+
+fn copy_headers(from: &hyper::HeaderMap, to: &mut actix_web::HttpResponseBuilder, keep_upgrade: bool) {
+    for (name, value) in from {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n) && !(keep_upgrade && (n == "upgrade" || n == "connection")) {
+            continue;
+        }
+        if n == "content-length" {
+            continue; // set by the body
+        }
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(name.as_str().as_bytes()),
+            HeaderValue::from_bytes(value.as_bytes()),
+        ) {
+            to.append_header((k, v));
+        }
+    }
+}
+
+fn tunnel_failure(e: TunnelError, target: &Target, proxy: &Proxy) -> HttpResponse {
+    match e {
+        TunnelError::Refused { status: 404, .. } => {
+            proxy.routes.invalidate(&target.sandbox);
+            proxy.tunnels.forget(&target.sandbox);
+            answer(502, &target.published, NOT_FOUND)
+        }
+        TunnelError::Refused { status: 409, .. } => answer(502, &target.published, NOT_FOUND),
+        TunnelError::Refused { status: 502, message } if message.contains(crate::node::dataplane::PORT_CLOSED) => {
+            answer(502, &target.published, PORT_CLOSED)
+        }
+        TunnelError::Refused { status, message } => {
+            tracing::warn!(sandbox = %target.sandbox, status, %message, "the node refused a data-plane tunnel");
+            answer(502, &target.published, &format!("{NOT_FOUND}: {message}"))
+        }
+        TunnelError::Broken(message) => {
+            tracing::warn!(sandbox = %target.sandbox, %message, "data-plane tunnel failed");
+            answer(502, &target.published, &format!("{NOT_FOUND}: {message}"))
+        }
+    }
+}
+
+/// Streams one request to its sandbox and the answer back.
+pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b>) -> HttpResponse {
+    let target = match detect(req.head(), e2b.domain.as_deref()) {
+        Some(Ok(t)) => t,
+        Some(Err(target::Malformed(why))) => return answer(400, "", &why),
+        None => return answer(404, "", "not a data-plane request"),
+    };
+    let route = match e2b.proxy.route(&e2b, &target.sandbox).await {
+        Ok(r) => r,
+        Err(e) if e.kind == ErrorKind::NotFound => return answer(502, &target.published, NOT_FOUND),
+        Err(e) => return answer(502, &target.published, &format!("{NOT_FOUND}: {}", e.message)),
+    };
+    let mut agent_token = None;
+    if target.is_envd() {
+        if req.path() == "/init" {
+            return answer(403, &target.published, "/init belongs to the sandbox's node");
+        }
+        let presented = header_str(req.headers(), ACCESS_TOKEN);
+        let signed = Signed::from_request(req.method().as_str(), req.path(), req.query_string());
+        let now = chrono::Utc::now().timestamp();
+        if credentials::decide(presented, &route.jwt, signed.as_ref(), now) == Access::Grant {
+            agent_token = Some(route.agent_token.as_str());
+        }
+    }
+    let upgrade = is_upgrade(&req);
+    let (body, payload) = if upgrade || !has_body(&req) {
+        (empty_body(), Some(payload))
+    } else {
+        (request_body(payload), None)
+    };
+    let upstream = match upstream_request(&req, body, agent_token) {
+        Ok(r) => r,
+        Err(why) => return answer(400, &target.published, &why),
+    };
+    let bearer = e2b.dispatcher.fleet_token().to_string();
+    let sent = e2b
+        .proxy
+        .tunnels
+        .send(&route.node, &target.sandbox, target.port, &bearer, upstream, upgrade)
+        .await;
+    let resp = match sent {
+        Ok(r) => r,
+        Err(e) => return tunnel_failure(e, &target, &e2b.proxy),
+    };
+    if upgrade && resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
+        return switch_protocols(resp, payload).await;
+    }
+    respond(resp, req.method() == actix_web::http::Method::HEAD)
+}
+
+fn respond(resp: hyper::Response<hyper::body::Incoming>, head: bool) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(resp.status().as_u16())
+        .unwrap_or(actix_web::http::StatusCode::BAD_GATEWAY);
+    let mut b = HttpResponse::build(status);
+    copy_headers(resp.headers(), &mut b, false);
+    let length = resp
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let stream = BodyDataStream::new(resp.into_body()).map_err(|e| io::Error::other(e.to_string()));
+    let mut res = if head || status == actix_web::http::StatusCode::NO_CONTENT || status == actix_web::http::StatusCode::NOT_MODIFIED {
+        if let Some(len) = length.filter(|_| head) {
+            b.insert_header((header::CONTENT_LENGTH, len));
+        }
+        b.finish()
+    } else {
+        match length {
+            Some(len) => b.body(SizedStream::new(len, stream)),
+            None => b.body(BodyStream::new(stream)),
+        }
+    };
+    res.extensions_mut().insert(Passthrough);
+    res
+}
+
+/// After a 101: the client's connection and the sandbox's become one byte stream.
+async fn switch_protocols(
+    mut resp: hyper::Response<hyper::body::Incoming>,
+    payload: Option<web::Payload>,
+) -> HttpResponse {
+    let mut b = HttpResponse::SwitchingProtocols();
+    let upgrade = resp
+        .headers()
+        .get(hyper::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("websocket")
+        .to_string();
+    copy_headers(resp.headers(), &mut b, false);
+    b.upgrade(upgrade);
+    let upgraded = match hyper::upgrade::on(&mut resp).await {
+        Ok(u) => u,
+        Err(e) => return answer(502, "", &format!("the upgrade failed: {e}")),
+    };
+    let (read, mut write) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
+    if let Some(mut payload) = payload {
+        actix_web::rt::spawn(async move {
+            while let Some(Ok(chunk)) = payload.next().await {
+                if write.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            let _ = write.shutdown().await;
+        });
+    }
+    let mut res = b.streaming(tokio_util::io::ReaderStream::new(read));
+    res.extensions_mut().insert(Passthrough);
+    res
+}
+
+/// The published id's claim id, for callers that only have what the SDK sent.
+pub fn claim_id(published: &str) -> Option<String> {
+    ids::canonical_claim_id(published)
+}

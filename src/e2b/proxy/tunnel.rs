@@ -1,0 +1,274 @@
+//! HTTP to a sandbox's port through its node: a CONNECT tunnel to the node's data plane
+//! (authenticated with the fleet token), then HTTP/1.1 over it with hyper. Connections are
+//! kept per (node, sandbox, port) and reused once their previous exchange is over; a request
+//! that a stale connection could not even start is retried once on a fresh one.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{Request, Response, body::Incoming};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+pub type ProxyBody = UnsyncBoxBody<Bytes, io::Error>;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+const MAX_HEAD: usize = 16 * 1024;
+const IDLE_PER_TARGET: usize = 16;
+
+/// Why a request did not reach the sandbox.
+#[derive(Debug, Clone)]
+pub enum TunnelError {
+    /// The node answered the CONNECT with this status and message.
+    Refused { status: u16, message: String },
+    /// The node could not be reached, or the exchange broke.
+    Broken(String),
+}
+
+/// A stream that first yields bytes read past the CONNECT answer.
+pub struct Prefixed {
+    prefix: Bytes,
+    inner: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let chunk = self.prefix.split_to(n);
+            buf.put_slice(&chunk);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, b)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Parses a CONNECT answer head: its status, and the byte offset where the head ends.
+fn parse_answer(buf: &[u8]) -> Option<(u16, usize, Option<usize>)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..end]);
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(502);
+    let length = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse().ok())
+            .flatten()
+    });
+    Some((status, end + 4, length))
+}
+
+/// Opens a tunnel to `port` of `sandbox` through the node at `node`.
+pub async fn open(node: &str, sandbox: &str, port: u16, bearer: &str) -> Result<Prefixed, TunnelError> {
+    let opened = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let mut s = TcpStream::connect(node)
+            .await
+            .map_err(|e| TunnelError::Broken(format!("node {node}: {e}")))?;
+        let _ = s.set_nodelay(true);
+        let head = format!(
+            "CONNECT {sandbox}:{port} HTTP/1.1\r\nhost: {sandbox}:{port}\r\nproxy-authorization: Bearer {bearer}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes())
+            .await
+            .map_err(|e| TunnelError::Broken(format!("node {node}: {e}")))?;
+        let mut buf = Vec::with_capacity(256);
+        let mut chunk = [0u8; 1024];
+        loop {
+            if let Some((status, end, length)) = parse_answer(&buf) {
+                if status == 200 {
+                    let prefix = Bytes::copy_from_slice(&buf[end..]);
+                    return Ok(Prefixed { prefix, inner: s });
+                }
+                let want = end + length.unwrap_or(0).min(MAX_HEAD);
+                while buf.len() < want {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let body = &buf[end..buf.len().min(want)];
+                let message = serde_json::from_slice::<serde_json::Value>(body)
+                    .ok()
+                    .and_then(|v| v.get("message")?.as_str().map(str::to_string))
+                    .unwrap_or_else(|| String::from_utf8_lossy(body).to_string());
+                return Err(TunnelError::Refused { status, message });
+            }
+            if buf.len() > MAX_HEAD {
+                return Err(TunnelError::Broken(format!("node {node} sent an oversized answer")));
+            }
+            match s.read(&mut chunk).await {
+                Ok(0) => return Err(TunnelError::Broken(format!("node {node} closed the tunnel"))),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(TunnelError::Broken(format!("node {node}: {e}"))),
+            }
+        }
+    })
+    .await;
+    opened.unwrap_or_else(|_| Err(TunnelError::Broken(format!("node {node} did not open the tunnel in time"))))
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    node: String,
+    sandbox: String,
+    port: u16,
+}
+
+/// Idle HTTP/1.1 connections into sandboxes.
+#[derive(Default)]
+pub struct Tunnels {
+    idle: Mutex<HashMap<Key, Vec<SendRequest<ProxyBody>>>>,
+}
+
+fn broken(e: impl std::fmt::Display) -> TunnelError {
+    TunnelError::Broken(e.to_string())
+}
+
+impl Tunnels {
+    fn take(&self, key: &Key) -> Option<SendRequest<ProxyBody>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.get_mut(key)?;
+        while let Some(s) = list.pop() {
+            if s.is_ready() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, key: Key, sender: SendRequest<ProxyBody>) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.entry(key).or_default();
+        list.retain(|s| !s.is_closed());
+        if list.len() < IDLE_PER_TARGET {
+            list.push(sender);
+        }
+    }
+
+    /// Forgets the connections of a sandbox that is gone.
+    pub fn forget(&self, sandbox: &str) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.retain(|k, _| k.sandbox != sandbox);
+    }
+
+    async fn connect(
+        node: &str,
+        sandbox: &str,
+        port: u16,
+        bearer: &str,
+        upgrades: bool,
+    ) -> Result<SendRequest<ProxyBody>, TunnelError> {
+        let stream = open(node, sandbox, port, bearer).await?;
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(broken)?;
+        if upgrades {
+            tokio::spawn(async move {
+                let _ = conn.with_upgrades().await;
+            });
+        } else {
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+        Ok(sender)
+    }
+
+    /// Sends `req` to `port` of `sandbox` on `node`. With `upgrade` the connection is a fresh
+    /// one that can be taken over after a 101 answer.
+    pub async fn send(
+        self: &std::sync::Arc<Self>,
+        node: &str,
+        sandbox: &str,
+        port: u16,
+        bearer: &str,
+        req: Request<ProxyBody>,
+        upgrade: bool,
+    ) -> Result<Response<Incoming>, TunnelError> {
+        let key = Key {
+            node: node.to_string(),
+            sandbox: sandbox.to_string(),
+            port,
+        };
+        let mut req = req;
+        if !upgrade {
+            if let Some(mut sender) = self.take(&key) {
+                match sender.try_send_request(req).await {
+                    Ok(resp) => {
+                        self.recycle(key, sender);
+                        return Ok(resp);
+                    }
+                    Err(mut e) => match e.take_message() {
+                        // Never started: the connection was stale. Once more, on a fresh one.
+                        Some(r) => req = r,
+                        None => return Err(broken(e.into_error())),
+                    },
+                }
+            }
+        }
+        let mut sender = Self::connect(node, sandbox, port, bearer, upgrade).await?;
+        let resp = sender.send_request(req).await.map_err(broken)?;
+        if !upgrade {
+            self.recycle(key, sender);
+        }
+        Ok(resp)
+    }
+
+    /// Returns the connection to the pool once its current exchange has finished.
+    fn recycle(self: &std::sync::Arc<Self>, key: Key, mut sender: SendRequest<ProxyBody>) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if sender.ready().await.is_ok() {
+                me.give_back(key, sender);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_answers_parse() {
+        let (status, end, len) =
+            parse_answer(b"HTTP/1.1 200 Connection Established\r\n\r\nxyz").unwrap();
+        assert_eq!((status, end, len), (200, 39, None));
+        let (status, _, len) = parse_answer(
+            b"HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\nContent-Length: 12\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!((status, len), (409, Some(12)));
+        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n").is_none());
+        assert_eq!(parse_answer(b"garbage\r\n\r\n").unwrap().0, 502);
+    }
+}
