@@ -258,6 +258,23 @@ pub struct AgentArgs {
     /// The sandbox's state directory.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// The envd access token in force before any /init (every route but /health then needs it).
+    #[arg(
+        long,
+        env = "SANDBOX_GATEWAY_ENVD_ACCESS_TOKEN",
+        hide_env_values = true
+    )]
+    pub access_token: Option<String>,
+    /// The token /init must carry (the node's per-instance boot secret).
+    #[arg(long, env = "SANDBOX_GATEWAY_ENVD_INIT_TOKEN", hide_env_values = true)]
+    pub init_token: Option<String>,
+    /// Default user for commands and files [default: `user` when it exists and the agent runs
+    /// as root, else the agent's own user].
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Default working directory for commands and relative paths [default: the user's home].
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
 }
 
 pub fn host_name() -> String {

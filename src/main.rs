@@ -116,6 +116,13 @@ fn main() -> ExitCode {
                 listen_fd: a.listen_fd,
                 lifeline_fd: a.lifeline_fd,
                 state_dir: a.state_dir,
+                envd: sandbox_gateway::envd::EnvdConfig {
+                    access_token: a.access_token,
+                    init_token: a.init_token,
+                    default_user: a.user,
+                    default_workdir: a.workdir,
+                    ..Default::default()
+                },
             })
         }
         Command::Node(n) => {

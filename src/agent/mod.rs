@@ -1,19 +1,18 @@
-//! The in-sandbox agent. Today it answers health on the listener its node hands it; it grows
-//! into an envd-compatible data plane.
+//! The in-sandbox agent: serves the envd-compatible data plane (`crate::envd`) on the
+//! listener its node hands it (or one it binds when run by hand), and takes its sandbox down
+//! when the node's lifeline closes.
 
 use std::io::Write;
 use std::net::TcpListener;
 use std::os::fd::{FromRawFd, RawFd};
 use std::path::PathBuf;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
-
+use crate::envd::EnvdConfig;
 use crate::model::{Error, Result};
 
-/// The envd protocol version the e2b surface announces for sandboxes. The agent serves
-/// envd's `GET /health`; the SDKs gate client-side features on this number, and 0.2.4 is the
-/// lowest at which they allow every control-plane call the gateway serves (metrics included)
-/// without warnings. It rises as the agent implements more of envd.
+/// The envd protocol version the e2b surface announces for sandboxes. The SDKs gate
+/// client-side features on this number; 0.2.4 is the lowest at which they allow every
+/// control-plane call the gateway serves (metrics included) without warnings.
 pub const ENVD_VERSION: &str = "0.2.4";
 
 #[derive(Debug, Clone, Default)]
@@ -25,15 +24,25 @@ pub struct AgentConfig {
     /// The read end of the node's lifeline pipe: end of file means the node is gone.
     pub lifeline_fd: Option<RawFd>,
     pub state_dir: Option<PathBuf>,
+    pub envd: EnvdConfig,
 }
 
-async fn health() -> HttpResponse {
-    HttpResponse::NoContent().finish()
+/// Keeps an inherited descriptor out of the commands the agent starts (a command holding the
+/// listening socket could accept envd's connections).
+fn set_cloexec(fd: RawFd) {
+    // SAFETY: fcntl on a descriptor this process owns; failure leaves it as it was.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+        }
+    }
 }
 
 fn listener(cfg: &AgentConfig) -> Result<TcpListener> {
     let l = match (cfg.listen_fd, &cfg.listen) {
         (Some(fd), _) => {
+            set_cloexec(fd);
             // SAFETY: the node placed a listening TCP socket at this descriptor for us.
             unsafe { TcpListener::from_raw_fd(fd) }
         }
@@ -49,6 +58,7 @@ fn listener(cfg: &AgentConfig) -> Result<TcpListener> {
 
 /// Ends the whole process group (this agent and everything it started) once the node is gone.
 fn watch_lifeline(fd: RawFd) {
+    set_cloexec(fd);
     std::thread::spawn(move || {
         let mut buf = [0u8; 16];
         loop {
@@ -62,6 +72,8 @@ fn watch_lifeline(fd: RawFd) {
             }
             break;
         }
+        // Commands lead their own sessions: end them first, then our own process group.
+        crate::envd::process::table::kill_all_commands();
         // SAFETY: signalling our own process group.
         unsafe { libc::kill(0, libc::SIGKILL) };
     });
@@ -77,17 +89,10 @@ pub fn run(cfg: AgentConfig) -> Result<()> {
     }
     let listener = listener(&cfg)?;
     let addr = listener.local_addr().ok();
-    actix_web::rt::System::new().block_on(async move {
-        let server = HttpServer::new(|| App::new().route("/health", web::get().to(health)))
-            .workers(1)
-            .disable_signals()
-            .listen(listener)
-            .map_err(|e| Error::io("serving the agent listener", e))?
-            .run();
+    crate::envd::run(listener, cfg.envd, move || {
         // The node waits for this line before it counts the instance as warm.
         let mut out = std::io::stdout();
         let _ = out.write_all(b"ready\n").and_then(|_| out.flush());
         tracing::debug!(?addr, "agent ready");
-        server.await.map_err(|e| Error::io("agent server", e))
     })
 }
