@@ -11,6 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-gateway");
 pub const USER_UID: u32 = 1000;
 
@@ -151,4 +157,172 @@ pub fn lock_port(port: u16) -> PortLock {
     let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
     assert_eq!(rc, 0, "lock port {port}");
     PortLock(f)
+}
+
+// --- a raw Connect/HTTP client for the agent ---
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+pub fn envelope(flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![flags];
+    v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+pub fn frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while b.len() >= 5 {
+        let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+        assert!(b.len() >= 5 + len, "truncated envelope");
+        out.push((b[0], b[5..5 + len].to_vec()));
+        b = &b[5 + len..];
+    }
+    assert!(b.is_empty(), "trailing bytes after the envelopes");
+    out
+}
+
+pub struct Envd {
+    pub agent: Agent,
+    pub http: reqwest::Client,
+    pub token: Option<String>,
+}
+
+impl Envd {
+    pub fn start(extra: &[&str]) -> Envd {
+        let token = extra
+            .windows(2)
+            .find(|w| w[0] == "--access-token")
+            .map(|w| w[1].to_string());
+        Envd {
+            agent: Agent::start(free_port(), extra),
+            http: client(),
+            token,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.agent.base)
+    }
+
+    pub fn req(&self, m: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(m, self.url(path));
+        match &self.token {
+            Some(t) => r.header("X-Access-Token", t),
+            None => r,
+        }
+    }
+
+    pub async fn unary_as(
+        &self,
+        method: &str,
+        body: Value,
+        user: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut r = self
+            .req(reqwest::Method::POST, &format!("/{method}"))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(u) = user {
+            r = r.header(
+                "authorization",
+                format!("Basic {}", STANDARD.encode(format!("{u}:"))),
+            );
+        }
+        let res = r.send().await.unwrap();
+        let status = res.status();
+        let text = res.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn unary(&self, method: &str, body: Value) -> (StatusCode, Value) {
+        self.unary_as(method, body, None).await
+    }
+
+    /// A server-streaming call with the JSON codec: its messages and the end-of-stream body.
+    pub async fn stream(
+        &self,
+        method: &str,
+        body: Value,
+        headers: &[(&str, &str)],
+    ) -> (Vec<Value>, Value) {
+        let mut r = self
+            .req(reqwest::Method::POST, &format!("/{method}"))
+            .header("content-type", "application/connect+json")
+            .body(envelope(0, body.to_string().as_bytes()));
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        let res = r.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let bytes = res.bytes().await.unwrap();
+        let mut msgs = Vec::new();
+        let mut end = Value::Null;
+        for (flags, payload) in frames(&bytes) {
+            let v: Value = serde_json::from_slice(&payload).unwrap();
+            if flags & 2 != 0 {
+                end = v;
+            } else {
+                msgs.push(v);
+            }
+        }
+        (msgs, end)
+    }
+
+    pub async fn run(&self, cmd: &str) -> (Vec<Value>, Value) {
+        self.stream(
+            "process.Process/Start",
+            json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd], "envs": {}, "cwd": "/tmp"}, "stdin": false}),
+            &[],
+        )
+        .await
+    }
+
+    pub async fn healthy(&self) -> bool {
+        let ok = self
+            .http
+            .get(self.url("/health"))
+            .send()
+            .await
+            .map(|r| r.status() == StatusCode::NO_CONTENT)
+            .unwrap_or(false);
+        let (st, _) = self.unary("process.Process/List", json!({})).await;
+        ok && st == StatusCode::OK
+    }
+}
+
+pub fn stdout_of(msgs: &[Value]) -> String {
+    let mut out = Vec::new();
+    for m in msgs {
+        if let Some(s) = m["event"]["data"]["stdout"].as_str() {
+            out.extend(STANDARD.decode(s).unwrap());
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+pub fn sign(path: &str, op: &str, user: &str, token: &str, exp: Option<i64>) -> String {
+    let mut raw = format!("{path}:{op}:{user}:{token}");
+    if let Some(e) = exp {
+        raw.push_str(&format!(":{e}"));
+    }
+    format!(
+        "v1_{}",
+        STANDARD_NO_PAD.encode(Sha256::digest(raw.as_bytes()))
+    )
+}
+
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
 }
