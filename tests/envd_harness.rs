@@ -287,15 +287,28 @@ impl Envd {
     }
 
     pub async fn healthy(&self) -> bool {
-        let ok = self
-            .http
+        // A fresh client: a pooled connection may be one the server closed after an early
+        // answer to an unread upload.
+        let http = client();
+        let ok = http
             .get(self.url("/health"))
             .send()
             .await
             .map(|r| r.status() == StatusCode::NO_CONTENT)
             .unwrap_or(false);
-        let (st, _) = self.unary("process.Process/List", json!({})).await;
-        ok && st == StatusCode::OK
+        let mut r = http
+            .post(self.url("/process.Process/List"))
+            .header("content-type", "application/json")
+            .body("{}");
+        if let Some(t) = &self.token {
+            r = r.header("X-Access-Token", t);
+        }
+        let listed = r
+            .send()
+            .await
+            .map(|r| r.status() == StatusCode::OK)
+            .unwrap_or(false);
+        ok && listed
     }
 }
 

@@ -299,9 +299,18 @@ where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: Into<HttpError>,
 {
+    // The first chunk before the file is touched: a body that fails at once (bad gzip) must
+    // not truncate what is there.
+    let first = match data.next().await {
+        Some(c) => Some(c.map_err(Into::into)?),
+        None => None,
+    };
     let target = path.clone();
     let file = run_as(id.clone(), move || open_for_upload(&target)).await??;
     let mut f = tokio::fs::File::from_std(file);
+    if let Some(chunk) = first {
+        f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+    }
     while let Some(chunk) = data.next().await {
         let chunk = chunk.map_err(Into::into)?;
         f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
