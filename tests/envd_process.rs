@@ -240,7 +240,20 @@ async fn a_fork_bomb_does_not_take_envd_down() {
     // Let it fill the pid limit.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let current = std::fs::read_to_string(limit.0.join("pids.current")).unwrap_or_default();
-    eprintln!("pids in the sandbox during the bomb: {}", current.trim());
+    let events = std::fs::read_to_string(limit.0.join("pids.events")).unwrap_or_default();
+    eprintln!(
+        "pids in the sandbox during the bomb: {} ({})",
+        current.trim(),
+        events.trim()
+    );
+    // The limit was hit: forks were refused.
+    if let Some(n) = events
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        assert!(n > 0, "the bomb reached the pid limit: {events}");
+    }
     // envd answers: health, a file call (blocking pool), and a start that fails cleanly or runs.
     let http = client();
     let r = http.get(e.url("/health")).send().await.unwrap();
