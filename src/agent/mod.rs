@@ -10,10 +10,9 @@ use std::path::PathBuf;
 use crate::envd::EnvdConfig;
 use crate::model::{Error, Result};
 
-/// The envd protocol version the e2b surface announces for sandboxes. The SDKs gate
-/// client-side features on this number; 0.2.4 is the lowest at which they allow every
-/// control-plane call the gateway serves (metrics included) without warnings.
-pub const ENVD_VERSION: &str = "0.2.4";
+/// The envd protocol version the e2b surface announces for sandboxes: the one the agent's
+/// envd server implements (the SDKs gate client-side features on it).
+pub use crate::envd::ENVD_VERSION;
 
 #[derive(Debug, Clone, Default)]
 pub struct AgentConfig {
