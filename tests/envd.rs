@@ -473,7 +473,7 @@ async fn bad_input_is_answered_cleanly_and_the_server_stays_up() {
     )
     .await
     .unwrap();
-    assert!(r.status().is_client_error() || r.status().is_server_error());
+    assert!(r.text().await.unwrap().contains("resource_exhausted"));
     let r = raw(
         "application/connect+json",
         envelope(0, &huge),
@@ -481,11 +481,7 @@ async fn bad_input_is_answered_cleanly_and_the_server_stays_up() {
     )
     .await
     .unwrap();
-    let text = r.text().await.unwrap();
-    assert!(
-        text.contains("resource_exhausted") || text.contains("\"code\""),
-        "{text}"
-    );
+    assert!(r.text().await.unwrap().contains("resource_exhausted"));
     // Unknown pids, tags, watchers; paths with NUL; an absurd depth; bad Basic auth.
     let (st, v) = e
         .unary(
