@@ -201,9 +201,7 @@ pub struct Written {
 
 /// The request body, decoded when it says `Content-Encoding: gzip`, and with an idle limit.
 fn body_stream(headers: &HeaderMap, body: Body) -> Result<ByteStream, HttpError> {
-    let raw = body
-        .into_data_stream()
-        .map_err(std::io::Error::other);
+    let raw = body.into_data_stream().map_err(std::io::Error::other);
     let idle = futures::stream::unfold(Box::pin(raw), |mut s| async move {
         match tokio::time::timeout(UPLOAD_IDLE, s.next()).await {
             Ok(Some(item)) => Some((item, s)),
