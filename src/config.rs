@@ -342,22 +342,33 @@ impl NodeArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct AgentArgs {
-    /// Address to listen on (when run by hand).
-    #[arg(long, conflicts_with = "listen_fd")]
+    /// Serve envd on this address, outside any sandbox (for development and tests).
+    #[arg(long, required_unless_present = "boot")]
     pub listen: Option<String>,
-    /// An inherited listening socket.
-    #[arg(long)]
-    pub listen_fd: Option<i32>,
-    /// The node's lifeline pipe; the agent ends its process group when it closes.
-    #[arg(long)]
-    pub lifeline_fd: Option<i32>,
-    /// The sandbox's state directory.
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
     /// Build a sandbox from this boot spec and supervise it (the built-in runtime starts
     /// every sandbox this way).
-    #[arg(long, conflicts_with_all = ["listen", "listen_fd"])]
+    #[arg(long, conflicts_with = "listen")]
     pub boot: Option<PathBuf>,
+    /// The node's lifeline pipe (with --boot): the sandbox ends when it closes.
+    #[arg(long, requires = "boot")]
+    pub lifeline_fd: Option<i32>,
+    /// The envd access token in force before any /init (every route but /health then needs it).
+    #[arg(
+        long,
+        env = "SANDBOX_GATEWAY_ENVD_ACCESS_TOKEN",
+        hide_env_values = true
+    )]
+    pub access_token: Option<String>,
+    /// The token /init must carry (the node's per-instance boot secret).
+    #[arg(long, env = "SANDBOX_GATEWAY_ENVD_INIT_TOKEN", hide_env_values = true)]
+    pub init_token: Option<String>,
+    /// Default user for commands and files [default: `user` when it exists and the agent runs
+    /// as root, else the agent's own user].
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Default working directory for commands and relative paths [default: the user's home].
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
 }
 
 pub fn host_name() -> String {

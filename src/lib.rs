@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod e2b;
+pub mod envd;
 pub mod facade;
 pub mod fsx;
 pub mod gateway;

@@ -160,12 +160,16 @@ fn main() -> ExitCode {
                 let code = sandbox_gateway::sandbox::supervisor::run(spec, a.lifeline_fd);
                 return ExitCode::from(code.clamp(0, 255) as u8);
             }
-            agent::run(agent::AgentConfig {
-                listen: a.listen,
-                listen_fd: a.listen_fd,
-                lifeline_fd: a.lifeline_fd,
-                state_dir: a.state_dir,
-            })
+            agent::run(
+                a.listen.as_deref().unwrap_or_default(),
+                sandbox_gateway::envd::EnvdConfig {
+                    access_token: a.access_token,
+                    init_token: a.init_token,
+                    default_user: a.user,
+                    default_workdir: a.workdir,
+                    ..Default::default()
+                },
+            )
         }
         Command::Node(n) => {
             init_logging("info");

@@ -132,7 +132,9 @@ impl BootSpec {
         let bytes = serde_json::to_vec_pretty(self)
             .map_err(|e| Error::internal(format!("encoding the boot spec: {e}")))?;
         let path = Self::path(&self.dir);
-        std::fs::write(&path, bytes).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+        // It holds the agent's /init secret: only the host's root reads it.
+        crate::fsx::write_atomic(&path, &bytes)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
     }
 }
 

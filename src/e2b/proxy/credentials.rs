@@ -40,7 +40,9 @@ impl Signed {
             "POST" | "PUT" => "write",
             _ => return None,
         };
-        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query).ok()?;
+        let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
         let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         Some(Signed {
             path: get("path").unwrap_or_default(),

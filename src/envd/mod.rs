@@ -1,0 +1,107 @@
+//! An envd-compatible server, the data plane of every sandbox: the e2b SDKs' `commands`,
+//! `files` and `pty` talk to it unmodified (Connect RPC with the JSON or binary codec, plus
+//! envd's plain HTTP routes). See README.md, "The e2b data plane (envd)".
+
+pub mod auth;
+pub mod creds;
+pub mod encoding;
+pub mod entry;
+pub mod errors;
+pub mod files;
+pub mod fs;
+pub mod http;
+pub mod metrics;
+pub mod paths;
+pub mod process;
+pub mod proto;
+pub mod state;
+pub mod users;
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::{Error, Result};
+
+/// The envd version this server claims. The SDKs gate features on it locally; 0.6.4 is the
+/// highest version whose gates (stdin control, close_stdin, octet-stream and gzip uploads, file
+/// metadata, watch entries, watching network mounts) are all implemented and tested here.
+pub const ENVD_VERSION: &str = "0.6.4";
+
+/// Blocking threads started up front and kept for the life of the process: under a pid limit
+/// (a fork bomb in a command) the kernel may refuse new threads, and tokio can still queue
+/// blocking work as long as one thread exists.
+const PREWARMED_BLOCKING_THREADS: usize = 4;
+const MAX_BLOCKING_THREADS: usize = 64;
+const WORKER_THREADS: usize = 2;
+
+#[derive(Debug, Clone, Default)]
+pub struct EnvdConfig {
+    /// Token /init must carry (the node's per-instance boot secret); None = /init unauthenticated.
+    pub init_token: Option<String>,
+    /// The access token in force before any /init (dev use); None = no token required until /init sets one.
+    pub access_token: Option<String>,
+    /// Default user for commands and files ("user" on e2b); None = "user" if it exists in /etc/passwd, else the user envd runs as.
+    pub default_user: Option<String>,
+    pub default_workdir: Option<PathBuf>,
+    pub env_vars: BTreeMap<String, String>,
+    /// What /metrics reports as totals when set (the sandbox's size tier); else measured from the host view.
+    pub mem_total_bytes: Option<u64>,
+    pub cpu_count: Option<u32>,
+}
+
+/// Serves envd on an already-bound listener until the process ends. Builds its own tokio
+/// runtime (the caller is a freshly forked, single-threaded process); calls `on_ready` once
+/// it accepts connections.
+pub fn run(
+    listener: std::net::TcpListener,
+    cfg: EnvdConfig,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        // Idle blocking threads are never given back (see PREWARMED_BLOCKING_THREADS).
+        .thread_keep_alive(Duration::from_secs(10 * 365 * 24 * 3600))
+        .thread_name("envd")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the envd runtime", e))?;
+    rt.block_on(serve(listener, cfg, on_ready))
+}
+
+/// Makes `n` blocking threads exist at once (each waits for the others), so they stay idle.
+async fn prewarm_blocking(n: usize) {
+    let barrier = Arc::new(std::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let b = barrier.clone();
+            tokio::task::spawn_blocking(move || {
+                b.wait();
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    cfg: EnvdConfig,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<()> {
+    prewarm_blocking(PREWARMED_BLOCKING_THREADS).await;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("configuring the envd listener", e))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| Error::io("registering the envd listener", e))?;
+    let app = http::router(Arc::new(state::Envd::new(cfg)));
+    on_ready();
+    axum::serve(listener, app)
+        .await
+        .map_err(|e| Error::io("serving envd", e))
+}
