@@ -334,10 +334,7 @@ async fn leases_are_clamped_renewed_and_reaped() {
     // Pause one: the reaper destroys it at its deadline anyway.
     let (_, changed) = d.set_paused(None, &default.id, true).await.unwrap();
     assert!(changed);
-    assert_eq!(
-        http_get(&huge.address, "/health", Duration::from_secs(2)),
-        Some(204)
-    );
+    assert_eq!(SandboxClient::of(&huge).health(), 204);
     for r in [&huge, &default] {
         assert!(!processes_under(std::path::Path::new(&r.state_dir)).is_empty());
     }
@@ -373,30 +370,22 @@ async fn pause_resume_fork_and_checkpoint_names() {
         .await
         .unwrap()
         .record;
-    assert_eq!(
-        http_get(&parent.address, "/health", Duration::from_secs(5)),
-        Some(204)
-    );
+    let sandbox = SandboxClient::of(&parent);
+    assert_eq!(sandbox.health(), 204);
 
-    // Pause freezes the agent; pausing again reports no change.
+    // Pause freezes the sandbox; pausing again reports no change.
     let (r, changed) = d.set_paused(Some("team"), &parent.id, true).await.unwrap();
     assert!(changed);
     assert_eq!(r.phase, Phase::Paused);
-    assert_eq!(
-        http_get(&parent.address, "/health", Duration::from_millis(400)),
-        None,
-        "a paused agent does not answer"
-    );
+    assert_eq!(sandbox.health(), 409, "the node opens no tunnel into a paused sandbox");
     let (r, changed) = d.set_paused(Some("team"), &parent.id, true).await.unwrap();
     assert!(!changed);
     assert_eq!(r.phase, Phase::Paused);
     let (r, changed) = d.set_paused(Some("team"), &parent.id, false).await.unwrap();
     assert!(changed);
     assert_eq!(r.phase, Phase::Running);
-    assert_eq!(
-        http_get(&parent.address, "/health", Duration::from_secs(5)),
-        Some(204)
-    );
+    assert_eq!(sandbox.health(), 204);
+    assert_eq!(sandbox.run("echo alive").stdout, "alive\n", "processes thawed");
     let (_, changed) = d.set_paused(Some("team"), &parent.id, false).await.unwrap();
     assert!(!changed);
 
@@ -407,11 +396,7 @@ async fn pause_resume_fork_and_checkpoint_names() {
         assert!(e.message.contains("1..16"), "{e}");
     }
     // Children copy the parent's state, get their own leases, keep request order and names.
-    std::fs::write(
-        std::path::Path::new(&parent.state_dir).join("notes.txt"),
-        b"from parent",
-    )
-    .unwrap();
+    assert_eq!(sandbox.write("/home/user/notes.txt", b"from parent").status, 200);
     let before = Utc::now();
     let children = d.fork(Some("team"), &parent.id, 3, 20).await.unwrap();
     assert_eq!(children.len(), 3);
@@ -425,24 +410,16 @@ async fn pause_resume_fork_and_checkpoint_names() {
             "child lease from its own ttl, got {lease} s"
         );
         assert_ne!(c.token, parent.token);
-        assert_eq!(
-            std::fs::read(std::path::Path::new(&c.state_dir).join("notes.txt")).unwrap(),
-            b"from parent"
-        );
-        assert_eq!(
-            http_get(&c.address, "/health", Duration::from_secs(5)),
-            Some(204)
-        );
+        let child = SandboxClient::of(c);
+        assert_eq!(child.read("/home/user/notes.txt").body, b"from parent");
+        assert_eq!(child.health(), 204);
         // Readable at once by id and by name in the parent's namespace.
         assert_eq!(d.get(Some("team"), &c.id).await.unwrap().id, c.id);
         assert_eq!(d.find_by_name("team", &c.id).await.unwrap()[0].id, c.id);
     }
     // The source keeps running after the fork.
     assert_eq!(d.get(None, &parent.id).await.unwrap().phase, Phase::Running);
-    assert_eq!(
-        http_get(&parent.address, "/health", Duration::from_secs(5)),
-        Some(204)
-    );
+    assert_eq!(sandbox.health(), 204);
     // A paused parent forks without waking and stays paused.
     d.set_paused(None, &parent.id, true).await.unwrap();
     let kid = d.fork(None, &parent.id, 1, 0).await.unwrap();
@@ -488,11 +465,7 @@ async fn pause_resume_fork_and_checkpoint_names() {
     );
 
     // Stats are measurements of the sandbox's processes and files.
-    std::fs::write(
-        std::path::Path::new(&parent.state_dir).join("big.bin"),
-        vec![1u8; 2 << 20],
-    )
-    .unwrap();
+    assert_eq!(sandbox.write("/home/user/big.bin", &vec![1u8; 2 << 20]).status, 200);
     let s = d.stats(None, &parent.id).await.unwrap();
     assert!(s.mem_used_measured && s.mem_used_bytes > 1 << 20, "{s:?}");
     assert!(s.disk_used_bytes >= 2 << 20, "{s:?}");
@@ -540,11 +513,7 @@ async fn checkpoints_survive_restarts_and_lost_claims_are_reported() {
     d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
 
     let src = d.claim(claim_req("team", "src", 600)).await.unwrap().record;
-    std::fs::write(
-        std::path::Path::new(&src.state_dir).join("data.txt"),
-        b"keep me",
-    )
-    .unwrap();
+    assert_eq!(SandboxClient::of(&src).write("/home/user/data.txt", b"keep me").status, 200);
     let ck = d
         .create_checkpoint(None, &src.id, "team/before")
         .await
@@ -606,7 +575,7 @@ async fn checkpoints_survive_restarts_and_lost_claims_are_reported() {
     assert_ne!(branch.id, src.id);
     assert_eq!(branch.from_checkpoint.as_deref(), Some(ck.id.as_str()));
     assert_eq!(
-        std::fs::read(std::path::Path::new(&branch.state_dir).join("data.txt")).unwrap(),
+        SandboxClient::of(&branch).read("/home/user/data.txt").body,
         b"keep me"
     );
     // Scoped by name prefix: another tenant cannot branch from or delete it.
@@ -848,10 +817,7 @@ async fn instances_that_die_are_noticed() {
         victim.display().to_string(),
         "a dead warm instance is never handed out"
     );
-    assert_eq!(
-        http_get(&a.address, "/health", Duration::from_secs(5)),
-        Some(204)
-    );
+    assert_eq!(SandboxClient::of(&a).health(), 204);
 
     // Kill a claimed sandbox's agent: the node releases the claim and says why.
     for pid in processes_under(std::path::Path::new(&a.state_dir)) {
@@ -901,9 +867,6 @@ async fn two_nodes_cannot_share_a_data_directory() {
     // The refused node touched nothing of the first one's: it still boots and pauses sandboxes.
     let r = d.claim(claim_req("ns", "after", 60)).await.unwrap().record;
     assert!(d.set_paused(None, &r.id, true).await.unwrap().1);
-    assert_eq!(
-        http_get(&r.address, "/health", Duration::from_millis(300)),
-        None
-    );
+    assert_eq!(SandboxClient::of(&r).health(), 409, "paused");
     stop_all(&tmp, d, &mut [first]).await;
 }

@@ -16,6 +16,9 @@ use sandbox_gateway::dispatch::{Dispatcher, DispatcherConfig};
 pub mod certs;
 pub mod fake_kube;
 pub mod gateway;
+pub mod sandbox;
+
+pub use sandbox::SandboxClient;
 #[allow(unused_imports)]
 pub use gateway::{Gateway, KEY_A, KEY_B, Reply};
 
@@ -198,6 +201,9 @@ impl NodeProc {
             data_dir.display().to_string(),
             "--token-file".into(),
             token_file.display().to_string(),
+            // Any free port: "the gRPC port + 1" may belong to another test's node.
+            "--data-listen".into(),
+            "127.0.0.1:0".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         Self::from_args(name, data_dir, args)
