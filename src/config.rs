@@ -323,7 +323,11 @@ impl SandboxArgs {
             node.templates_dir = Some(d.clone());
         }
         node.disk_bytes = match self.sandbox_disk_mib {
-            Some(0) => return Err(crate::model::Error::invalid("--sandbox-disk-mib must be positive")),
+            Some(0) => {
+                return Err(crate::model::Error::invalid(
+                    "--sandbox-disk-mib must be positive",
+                ));
+            }
             Some(m) => Some(m << 20),
             None => None,
         };

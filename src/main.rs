@@ -7,14 +7,14 @@ use sandbox_gateway::cluster::{self, publish::Publisher};
 use sandbox_gateway::config::{
     Cli, Command, KeysCommand, NodeArgs, ReadViewSource, TemplateCommand, host_name,
 };
-use sandbox_gateway::sandbox::spec::IdMap;
-use sandbox_gateway::templates::{BuildSpec, TemplateStore};
 use sandbox_gateway::dispatch::{DispatcherConfig, ViewFeed};
 use sandbox_gateway::facade::auth::DelegationSource;
 use sandbox_gateway::model::{Error, Result, ids};
 use sandbox_gateway::node::NodeConfig;
 use sandbox_gateway::node::daemon::{self, DaemonConfig};
 use sandbox_gateway::node::runtime::builtin::AgentCommand;
+use sandbox_gateway::sandbox::spec::IdMap;
+use sandbox_gateway::templates::{BuildSpec, TemplateStore};
 use sandbox_gateway::{agent, fsx, gateway};
 use tokio_util::sync::CancellationToken;
 
@@ -134,7 +134,10 @@ fn template_command(cmd: TemplateCommand) -> Result<()> {
             open(&i.dir)?.import(&i.name, &i.file, i.force, &progress)?;
         }
         TemplateCommand::List(d) => {
-            println!("{:<20} {:<8} {:>9}  {:<20}  SOURCE", "NAME", "KIND", "SIZE", "CREATED");
+            println!(
+                "{:<20} {:<8} {:>9}  {:<20}  SOURCE",
+                "NAME", "KIND", "SIZE", "CREATED"
+            );
             for t in open(&d)?.list() {
                 let m = &t.meta;
                 println!(

@@ -161,7 +161,7 @@ async fn e2b_wire_contract() {
     assert!(id.starts_with("sb-") && id.len() == 19, "DNS-safe id: {id}");
     assert_eq!(created["templateID"], "base");
     assert!(created["clientID"].is_string());
-    assert_eq!(created["envdVersion"], "0.2.4");
+    assert_eq!(created["envdVersion"], sandbox_gateway::envd::ENVD_VERSION);
     assert_eq!(created["domain"], "localhost");
     let token = created["envdAccessToken"].as_str().unwrap().to_string();
     assert_eq!(token.split('.').count(), 3);

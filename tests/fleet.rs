@@ -377,7 +377,11 @@ async fn pause_resume_fork_and_checkpoint_names() {
     let (r, changed) = d.set_paused(Some("team"), &parent.id, true).await.unwrap();
     assert!(changed);
     assert_eq!(r.phase, Phase::Paused);
-    assert_eq!(sandbox.health(), 409, "the node opens no tunnel into a paused sandbox");
+    assert_eq!(
+        sandbox.health(),
+        409,
+        "the node opens no tunnel into a paused sandbox"
+    );
     let (r, changed) = d.set_paused(Some("team"), &parent.id, true).await.unwrap();
     assert!(!changed);
     assert_eq!(r.phase, Phase::Paused);
@@ -385,7 +389,11 @@ async fn pause_resume_fork_and_checkpoint_names() {
     assert!(changed);
     assert_eq!(r.phase, Phase::Running);
     assert_eq!(sandbox.health(), 204);
-    assert_eq!(sandbox.run("echo alive").stdout, "alive\n", "processes thawed");
+    assert_eq!(
+        sandbox.run("echo alive").stdout,
+        "alive\n",
+        "processes thawed"
+    );
     let (_, changed) = d.set_paused(Some("team"), &parent.id, false).await.unwrap();
     assert!(!changed);
 
@@ -396,7 +404,10 @@ async fn pause_resume_fork_and_checkpoint_names() {
         assert!(e.message.contains("1..16"), "{e}");
     }
     // Children copy the parent's state, get their own leases, keep request order and names.
-    assert_eq!(sandbox.write("/home/user/notes.txt", b"from parent").status, 200);
+    assert_eq!(
+        sandbox.write("/home/user/notes.txt", b"from parent").status,
+        200
+    );
     let before = Utc::now();
     let children = d.fork(Some("team"), &parent.id, 3, 20).await.unwrap();
     assert_eq!(children.len(), 3);
@@ -465,7 +476,12 @@ async fn pause_resume_fork_and_checkpoint_names() {
     );
 
     // Stats are measurements of the sandbox's processes and files.
-    assert_eq!(sandbox.write("/home/user/big.bin", &vec![1u8; 2 << 20]).status, 200);
+    assert_eq!(
+        sandbox
+            .write("/home/user/big.bin", &vec![1u8; 2 << 20])
+            .status,
+        200
+    );
     let s = d.stats(None, &parent.id).await.unwrap();
     assert!(s.mem_used_measured && s.mem_used_bytes > 1 << 20, "{s:?}");
     assert!(s.disk_used_bytes >= 2 << 20, "{s:?}");
@@ -513,7 +529,12 @@ async fn checkpoints_survive_restarts_and_lost_claims_are_reported() {
     d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
 
     let src = d.claim(claim_req("team", "src", 600)).await.unwrap().record;
-    assert_eq!(SandboxClient::of(&src).write("/home/user/data.txt", b"keep me").status, 200);
+    assert_eq!(
+        SandboxClient::of(&src)
+            .write("/home/user/data.txt", b"keep me")
+            .status,
+        200
+    );
     let ck = d
         .create_checkpoint(None, &src.id, "team/before")
         .await

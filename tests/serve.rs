@@ -92,7 +92,10 @@ async fn serve_starts_an_embedded_node_and_stops_clean() {
 #[tokio::test]
 async fn serve_with_nodes_requires_their_token() {
     let (tmp, _) = workspace();
-    let mut gw = Proc::spawn(&serve_args(&tmp.path().join("data"), &["--node", "127.0.0.1:1"]));
+    let mut gw = Proc::spawn(&serve_args(
+        &tmp.path().join("data"),
+        &["--node", "127.0.0.1:1"],
+    ));
     let status = gw.wait_exit(Duration::from_secs(30));
     assert!(
         !status.success(),

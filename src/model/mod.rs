@@ -14,6 +14,5 @@ pub use pool::{PoolKey, PoolTarget, SizeTier};
 pub use sandbox::{
     CheckpointFilter, CheckpointRecord, DEFAULT_NAMESPACE, InventoryChange, InventoryEvent,
     LostClaim, NodeInfo, NodeLimits, Phase, PoolStatus, SandboxRecord, SandboxStats, TemplateInfo,
-    TemplateUsage,
-    claim_ref, split_claim_ref,
+    TemplateUsage, claim_ref, split_claim_ref,
 };

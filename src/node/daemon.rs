@@ -14,9 +14,9 @@ use super::runtime::builtin::{AgentCommand, BuiltinConfig, BuiltinRuntime};
 use super::service::NodeService;
 use super::{Node, NodeConfig};
 use crate::model::{Error, Result, ids};
-use crate::templates::TemplateStore;
 use crate::proto::auth::RequireFleetToken;
 use crate::proto::node_server::NodeServer;
+use crate::templates::TemplateStore;
 
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -96,7 +96,10 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         }
     }
     let node = Node::open(node_cfg, runtime, lock).await?;
-    tokio::spawn(node.clone().serve_data_plane(data_listener, cfg.token.clone()));
+    tokio::spawn(
+        node.clone()
+            .serve_data_plane(data_listener, cfg.token.clone()),
+    );
     let service = NodeServer::with_interceptor(
         NodeService::new(node.clone()),
         RequireFleetToken::new(&cfg.token),

@@ -47,7 +47,9 @@ pub fn parse_head(buf: &[u8]) -> Option<std::result::Result<ConnectHead, String>
     let mut parts = first.split(' ');
     let (method, target, version) = (parts.next(), parts.next(), parts.next());
     if method != Some("CONNECT") || !version.is_some_and(|v| v.starts_with("HTTP/1.")) {
-        return Some(Err(format!("expected `CONNECT <sandbox>:<port> HTTP/1.1`, got {first:?}")));
+        return Some(Err(format!(
+            "expected `CONNECT <sandbox>:<port> HTTP/1.1`, got {first:?}"
+        )));
     }
     let Some((sandbox, port)) = target.and_then(|t| t.rsplit_once(':')) else {
         return Some(Err("the CONNECT target must be <sandbox id>:<port>".into()));
@@ -116,8 +118,8 @@ impl<R: Runtime> Node<R> {
     ) -> Result<TcpStream> {
         let id = ids::canonical_claim_id(sandbox)
             .ok_or_else(|| Error::not_found(format!("{sandbox:?} is not a sandbox id")))?;
-        let bearer =
-            bearer.ok_or_else(|| Error::unauthenticated("Proxy-Authorization: Bearer is required"))?;
+        let bearer = bearer
+            .ok_or_else(|| Error::unauthenticated("Proxy-Authorization: Bearer is required"))?;
         let (record, inst) = {
             let st = self.state();
             match st.claims.get(&id) {
@@ -171,7 +173,12 @@ impl<R: Runtime> Node<R> {
             Ok(None) | Err(_) => return,
         };
         let upstream = self
-            .open_tunnel(&head.sandbox, head.port, head.bearer.as_deref(), fleet_token)
+            .open_tunnel(
+                &head.sandbox,
+                head.port,
+                head.bearer.as_deref(),
+                fleet_token,
+            )
             .await;
         let mut upstream = match upstream {
             Ok(u) => u,
@@ -239,7 +246,10 @@ mod tests {
         assert_eq!(h.port, 49983);
         assert_eq!(h.bearer.as_deref(), Some("tok"));
         assert_eq!(h.rest, b"GET /");
-        assert!(parse_head(b"CONNECT a:1 HTTP/1.1\r\n").is_none(), "incomplete");
+        assert!(
+            parse_head(b"CONNECT a:1 HTTP/1.1\r\n").is_none(),
+            "incomplete"
+        );
         for bad in [
             &b"GET / HTTP/1.1\r\n\r\n"[..],
             b"CONNECT nocolon HTTP/1.1\r\n\r\n",

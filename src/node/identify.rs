@@ -62,7 +62,9 @@ async fn post_init(stream: tokio::net::TcpStream, token: &str, body: Vec<u8>) ->
     if status.is_success() {
         Ok(())
     } else {
-        Err(Error::internal(format!("the agent's /init answered {status}")))
+        Err(Error::internal(format!(
+            "the agent's /init answered {status}"
+        )))
     }
 }
 
@@ -125,7 +127,9 @@ impl<R: Runtime> Node<R> {
                 Ready::Pending => Err(Error::unavailable(format!("sandbox {id} is starting"))),
             },
             Ok(Err(_)) => Err(Error::unavailable(format!("sandbox {id} is gone"))),
-            Err(_) => Err(Error::unavailable(format!("sandbox {id} is still starting"))),
+            Err(_) => Err(Error::unavailable(format!(
+                "sandbox {id} is still starting"
+            ))),
         }
     }
 }

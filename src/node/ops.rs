@@ -277,8 +277,7 @@ impl<R: Runtime> Node<R> {
             .await;
         let booted: Vec<Result<Instance<R::Handle>>> = match captured {
             Ok(_) => {
-                let boots =
-                    (0..count).map(|_| self.boot(&parent.key, &template, Some(&scratch)));
+                let boots = (0..count).map(|_| self.boot(&parent.key, &template, Some(&scratch)));
                 futures::future::join_all(boots).await
             }
             Err(e) => (0..count).map(|_| Err(e.clone())).collect(),

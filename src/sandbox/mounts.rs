@@ -20,8 +20,11 @@ fn err(what: impl std::fmt::Display) -> impl FnOnce(nix::Error) -> io::Error {
 }
 
 fn bind(src: &Path, dst: &Path, flags: MsFlags) -> io::Result<()> {
-    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(err(format!("binding {} on {}", src.display(), dst.display())))?;
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(err(format!(
+        "binding {} on {}",
+        src.display(),
+        dst.display()
+    )))?;
     if !flags.is_empty() {
         // A bind mount takes new flags only on a remount.
         mount(

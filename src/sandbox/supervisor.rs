@@ -149,7 +149,8 @@ fn attach_disk(spec: &BootSpec) -> io::Result<()> {
         let p = disk.join(d);
         if !p.exists() {
             std::fs::create_dir(&p).map_err(ctx("preparing the disk"))?;
-            chown(&p, Some(spec.ids.base), Some(spec.ids.base)).map_err(ctx("preparing the disk"))?;
+            chown(&p, Some(spec.ids.base), Some(spec.ids.base))
+                .map_err(ctx("preparing the disk"))?;
         }
     }
     Ok(())

@@ -63,11 +63,12 @@ fn validate_packages(packages: &[String]) -> Result<()> {
         let ok = !p.is_empty()
             && p.len() <= 128
             && p.as_bytes()[0].is_ascii_alphanumeric()
-            && p
-                .bytes()
+            && p.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.:=~".contains(&b));
         if !ok {
-            return Err(Error::invalid(format!("{p:?} is not a Debian package name")));
+            return Err(Error::invalid(format!(
+                "{p:?} is not a Debian package name"
+            )));
         }
     }
     Ok(())
@@ -196,7 +197,9 @@ pub fn derive(
         packages.join(", ")
     ));
     let mut cp = Command::new("cp");
-    cp.args(["-a", "--reflink=auto"]).arg(&parent.root).arg(&root);
+    cp.args(["-a", "--reflink=auto"])
+        .arg(&parent.root)
+        .arg(&root);
     run_with_progress(cp, "copying the parent template", progress)?;
     shift_tree(&root, ids, Shift::Out).map_err(|e| Error::io("preparing the copy", e))?;
     let _ = std::fs::copy("/etc/resolv.conf", root.join("etc/resolv.conf"));
@@ -208,8 +211,16 @@ pub fn derive(
         packages.join(" ")
     );
     let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script, "derive"])
-        .arg(&root);
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+        "derive",
+    ])
+    .arg(&root);
     let ran = run_with_progress(cmd, "apt-get in the new template", progress);
     let shifted = shift_tree(&root, ids, Shift::In)
         .map_err(|e| Error::io("moving the template into the sandbox id range", e));

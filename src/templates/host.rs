@@ -37,7 +37,8 @@ const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
 user:x:1000:1000::/home/user:/bin/bash\n\
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 const GROUP: &str = "root:x:0:\ntty:x:5:\nusers:x:100:user\nuser:x:1000:\nnogroup:x:65534:\n";
-const SHADOW: &str = "root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n";
+const SHADOW: &str =
+    "root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n";
 const NSSWITCH: &str = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n";
 
 fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
@@ -59,8 +60,24 @@ fn copy_entry(src: &Path, dst: &Path) -> std::io::Result<()> {
 pub fn compose(staging: &Path, ids: IdMap) -> Result<TemplateMeta> {
     let root = staging.join(super::ROOTFS);
     for d in [
-        "", "etc", "home", "root", "tmp", "var", "var/tmp", "var/lib", "var/cache", "var/log",
-        "run", "proc", "dev", "sys", "opt", "mnt", "srv", "usr",
+        "",
+        "etc",
+        "home",
+        "root",
+        "tmp",
+        "var",
+        "var/tmp",
+        "var/lib",
+        "var/cache",
+        "var/log",
+        "run",
+        "proc",
+        "dev",
+        "sys",
+        "opt",
+        "mnt",
+        "srv",
+        "usr",
     ] {
         fs::create_dir_all(root.join(d)).map_err(io("composing the host template"))?;
     }
@@ -100,9 +117,11 @@ pub fn compose(staging: &Path, ids: IdMap) -> Result<TemplateMeta> {
     } else {
         fs::create_dir_all(&home).map_err(io("creating /home/user"))?;
     }
-    fs::set_permissions(&home, fs::Permissions::from_mode(0o755)).map_err(io("creating /home/user"))?;
+    fs::set_permissions(&home, fs::Permissions::from_mode(0o755))
+        .map_err(io("creating /home/user"))?;
     // Everything belongs to the sandbox's root, except the user's home.
-    shift_tree(&root, ids, Shift::In).map_err(io("moving the template into the sandbox id range"))?;
+    shift_tree(&root, ids, Shift::In)
+        .map_err(io("moving the template into the sandbox id range"))?;
     let user = ids.host(1000).unwrap_or(ids.base);
     chown_tree(&home, user).map_err(io("giving /home/user to user"))?;
     Ok(new_meta(

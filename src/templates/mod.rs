@@ -218,7 +218,9 @@ impl TemplateStore {
     fn set_aside_legacy(&self, name: &str) -> Result<()> {
         let dir = self.dir.join(name);
         if dir.is_dir() && !dir.join(META).exists() {
-            let aside = self.dir.join(format!(".legacy-{name}-{}", ids::random_hex(4)));
+            let aside = self
+                .dir
+                .join(format!(".legacy-{name}-{}", ids::random_hex(4)));
             fs::rename(&dir, &aside).map_err(io(format!("moving {} aside", dir.display())))?;
         }
         Ok(())
@@ -246,7 +248,16 @@ impl TemplateStore {
                 })?;
                 let packages = debian::package_list(&spec.packages);
                 self.install(
-                    |staging| debian::bootstrap(&mmdebstrap, staging, &spec.name, &packages, self.ids, progress),
+                    |staging| {
+                        debian::bootstrap(
+                            &mmdebstrap,
+                            staging,
+                            &spec.name,
+                            &packages,
+                            self.ids,
+                            progress,
+                        )
+                    },
                     progress,
                 )
             }
@@ -258,7 +269,16 @@ impl TemplateStore {
                     )));
                 }
                 self.install(
-                    |staging| debian::derive(&parent, staging, &spec.name, &spec.packages, self.ids, progress),
+                    |staging| {
+                        debian::derive(
+                            &parent,
+                            staging,
+                            &spec.name,
+                            &spec.packages,
+                            self.ids,
+                            progress,
+                        )
+                    },
                     progress,
                 )
             }
@@ -319,7 +339,9 @@ impl TemplateStore {
         crate::fsx::write_atomic(&staging.join(META), &bytes)
             .map_err(io("writing the template description"))?;
         let dest = self.dir.join(&meta.name);
-        let old = self.dir.join(format!(".old-{}-{}", meta.name, ids::random_hex(4)));
+        let old = self
+            .dir
+            .join(format!(".old-{}-{}", meta.name, ids::random_hex(4)));
         if dest.exists() {
             fs::rename(&dest, &old).map_err(io(format!("replacing {}", dest.display())))?;
         }
@@ -350,7 +372,13 @@ impl TemplateStore {
 }
 
 /// A fresh description for a template being made now.
-fn new_meta(name: &str, kind: Kind, root_kind: RootKind, ids: IdMap, source: String) -> TemplateMeta {
+fn new_meta(
+    name: &str,
+    kind: Kind,
+    root_kind: RootKind,
+    ids: IdMap,
+    source: String,
+) -> TemplateMeta {
     TemplateMeta {
         name: name.to_string(),
         id: ids::random_hex(8),

@@ -69,7 +69,10 @@ struct RunConfig {
 }
 
 fn bad(archive: &Path, why: impl std::fmt::Display) -> Error {
-    Error::invalid(format!("{} is not a usable image archive: {why}", archive.display()))
+    Error::invalid(format!(
+        "{} is not a usable image archive: {why}",
+        archive.display()
+    ))
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(archive: &Path, path: &Path) -> Result<T> {
@@ -139,18 +142,26 @@ fn locate(dir: &Path, archive: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
         }
         return Err(bad(archive, "index.json nests too deeply"));
     }
-    Err(bad(archive, "neither manifest.json (docker save) nor index.json (OCI layout)"))
+    Err(bad(
+        archive,
+        "neither manifest.json (docker save) nor index.json (OCI layout)",
+    ))
 }
 
 /// A layer as a tar stream, gunzipped when it is compressed.
 fn layer_reader(path: &Path, archive: &Path) -> Result<Box<dyn Read>> {
     let mut f = File::open(path).map_err(|e| bad(archive, format!("{}: {e}", path.display())))?;
     let mut magic = [0u8; 4];
-    let n = f.read(&mut magic).map_err(|e| Error::io("reading a layer", e))?;
+    let n = f
+        .read(&mut magic)
+        .map_err(|e| Error::io("reading a layer", e))?;
     let f = File::open(path).map_err(|e| Error::io("reading a layer", e))?;
     match &magic[..n] {
         [0x1f, 0x8b, ..] => Ok(Box::new(flate2::read::GzDecoder::new(BufReader::new(f)))),
-        [0x28, 0xb5, 0x2f, 0xfd] => Err(bad(archive, "zstd-compressed layers are not supported; save the image with gzip or uncompressed layers")),
+        [0x28, 0xb5, 0x2f, 0xfd] => Err(bad(
+            archive,
+            "zstd-compressed layers are not supported; save the image with gzip or uncompressed layers",
+        )),
         _ => Ok(Box::new(BufReader::new(f))),
     }
 }
@@ -199,7 +210,9 @@ fn apply_layer(root: &Path, reader: Box<dyn Read>, archive: &Path) -> Result<()>
     tar.set_preserve_ownerships(true);
     tar.set_unpack_xattrs(false);
     tar.set_overwrite(true);
-    let entries = tar.entries().map_err(|e| bad(archive, format!("layer: {e}")))?;
+    let entries = tar
+        .entries()
+        .map_err(|e| bad(archive, format!("layer: {e}")))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| bad(archive, format!("layer entry: {e}")))?;
         let Ok(path) = entry.path().map(|p| p.into_owned()) else {
@@ -285,8 +298,12 @@ pub fn import(
 ) -> Result<TemplateMeta> {
     let unpacked = staging.join("image");
     fs::create_dir_all(&unpacked).map_err(|e| Error::io("unpacking the archive", e))?;
-    progress(&format!("importing {} as template {name}", archive.display()));
-    let file = File::open(archive).map_err(|e| Error::io(format!("opening {}", archive.display()), e))?;
+    progress(&format!(
+        "importing {} as template {name}",
+        archive.display()
+    ));
+    let file =
+        File::open(archive).map_err(|e| Error::io(format!("opening {}", archive.display()), e))?;
     let mut outer = tar::Archive::new(BufReader::new(file));
     outer
         .unpack(&unpacked)
@@ -328,8 +345,14 @@ mod tests {
 
     #[test]
     fn entry_paths_stay_inside() {
-        assert_eq!(relative(Path::new("./etc/passwd")), Some(PathBuf::from("etc/passwd")));
-        assert_eq!(relative(Path::new("/usr/bin")), Some(PathBuf::from("usr/bin")));
+        assert_eq!(
+            relative(Path::new("./etc/passwd")),
+            Some(PathBuf::from("etc/passwd"))
+        );
+        assert_eq!(
+            relative(Path::new("/usr/bin")),
+            Some(PathBuf::from("usr/bin"))
+        );
         assert_eq!(relative(Path::new("a/../../etc")), None);
         let dir = tempfile::tempdir().unwrap();
         assert!(blob(dir.path(), dir.path(), "sha256:abc").is_ok());

@@ -81,8 +81,15 @@ mod tests {
         let m = fs::metadata(&f).unwrap();
         assert_eq!((m.uid(), m.gid()), (300_000, 300_000));
         assert_eq!(m.mode() & 0o7777, 0o4755);
-        assert_eq!(fs::symlink_metadata(dir.path().join("link")).unwrap().uid(), 300_000);
-        assert_eq!(shift_tree(dir.path(), ids, Shift::In).unwrap(), 0, "idempotent");
+        assert_eq!(
+            fs::symlink_metadata(dir.path().join("link")).unwrap().uid(),
+            300_000
+        );
+        assert_eq!(
+            shift_tree(dir.path(), ids, Shift::In).unwrap(),
+            0,
+            "idempotent"
+        );
         shift_tree(dir.path(), ids, Shift::Out).unwrap();
         assert_eq!(fs::metadata(&f).unwrap().uid(), 0);
     }

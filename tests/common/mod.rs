@@ -18,9 +18,9 @@ pub mod fake_kube;
 pub mod gateway;
 pub mod sandbox;
 
-pub use sandbox::SandboxClient;
 #[allow(unused_imports)]
 pub use gateway::{Gateway, KEY_A, KEY_B, Reply};
+pub use sandbox::{Ran, SandboxClient};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-gateway");
 
@@ -295,6 +295,41 @@ pub fn kernel_leftovers(dir: &Path) -> Vec<String> {
             .map(|l| format!("mount {l}")),
     );
     left
+}
+
+/// Instance cgroups (in any hierarchy) of the node whose data directory is `data_dir`.
+pub fn cgroup_instances(data_dir: &Path) -> usize {
+    let root = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let leaf = format!(
+        "sandbox-gateway.{}",
+        sandbox_gateway::model::ids::stable_hash_hex(root.as_os_str().as_encoded_bytes())
+    );
+    let mut names: Vec<String> = Vec::new();
+    let mut stack = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if e.file_name().to_string_lossy() == leaf {
+                names.extend(
+                    dir_entries(&e.path())
+                        .into_iter()
+                        .filter(|n| n.starts_with("in_")),
+                );
+            } else if depth < 4 {
+                stack.push((e.path(), depth + 1));
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names.len()
 }
 
 pub fn dir_entries(dir: &Path) -> Vec<String> {

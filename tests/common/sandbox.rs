@@ -69,7 +69,12 @@ fn read_head(r: &mut impl BufRead) -> std::io::Result<(u16, Vec<(String, String)
 }
 
 fn read_body(r: &mut impl BufRead, headers: &[(String, String)]) -> std::io::Result<Vec<u8>> {
-    let get = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let get = |k: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
     let mut body = Vec::new();
     if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
         loop {
@@ -142,7 +147,8 @@ impl SandboxClient {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         head.push_str("\r\n");
-        s.write_all(head.as_bytes()).map_err(|e| (0, e.to_string()))?;
+        s.write_all(head.as_bytes())
+            .map_err(|e| (0, e.to_string()))?;
         s.write_all(body).map_err(|e| (0, e.to_string()))?;
         let mut r = BufReader::new(s);
         let (status, headers) = read_head(&mut r).map_err(|e| (0, e.to_string()))?;
@@ -224,7 +230,8 @@ impl SandboxClient {
     }
 
     pub fn run(&self, cmd: &str) -> Ran {
-        self.run_as(None, cmd).unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+        self.run_as(None, cmd)
+            .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
     }
 
     pub fn write(&self, path: &str, data: &[u8]) -> Answer {
@@ -244,8 +251,14 @@ impl SandboxClient {
 
     pub fn read(&self, path: &str) -> Answer {
         let q = format!("/files?path={}", urlencode(path));
-        self.request(ENVD, "GET", &q, &[("X-Access-Token", self.token.as_str())], b"")
-            .unwrap_or_else(|(s, m)| panic!("download refused: {s} {m}"))
+        self.request(
+            ENVD,
+            "GET",
+            &q,
+            &[("X-Access-Token", self.token.as_str())],
+            b"",
+        )
+        .unwrap_or_else(|(s, m)| panic!("download refused: {s} {m}"))
     }
 }
 

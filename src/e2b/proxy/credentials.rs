@@ -59,7 +59,13 @@ impl Signed {
 
 /// envd's signature of a file URL: `v1_` + unpadded base64 of the SHA-256 of
 /// `path:operation:username:token[:expiration]`.
-pub fn sign(path: &str, operation: &str, username: &str, token: &str, expiration: Option<i64>) -> String {
+pub fn sign(
+    path: &str,
+    operation: &str,
+    username: &str,
+    token: &str,
+    expiration: Option<i64>,
+) -> String {
     let mut text = format!("{path}:{operation}:{username}:{token}");
     if let Some(e) = expiration {
         text.push_str(&format!(":{e}"));
@@ -78,7 +84,11 @@ fn same(a: &str, b: &str) -> bool {
 /// Decides with the token presented (if any), the sandbox's JWT, and a signature (if any).
 pub fn decide(presented: Option<&str>, jwt: &str, signed: Option<&Signed>, now: i64) -> Access {
     if let Some(t) = presented {
-        return if same(t, jwt) { Access::Grant } else { Access::Strip };
+        return if same(t, jwt) {
+            Access::Grant
+        } else {
+            Access::Strip
+        };
     }
     if let Some(s) = signed {
         if s.expiration.is_some_and(|e| e < now) {
@@ -122,7 +132,11 @@ mod tests {
         assert_eq!(decide(None, "jwt", Some(&s), 101), Access::Strip, "expired");
         assert_eq!(decide(None, "other-jwt", Some(&s), 50), Access::Strip);
         s.operation = "write";
-        assert_eq!(decide(None, "jwt", Some(&s), 50), Access::Strip, "read-only signature");
+        assert_eq!(
+            decide(None, "jwt", Some(&s), 50),
+            Access::Strip,
+            "read-only signature"
+        );
         // A wrong header token is not rescued by a signature.
         s.operation = "read";
         assert_eq!(decide(Some("bad"), "jwt", Some(&s), 50), Access::Strip);
@@ -139,9 +153,17 @@ mod tests {
         assert_eq!(s.path, "/tmp/a b");
         assert_eq!(s.operation, "read");
         assert_eq!(s.expiration, Some(123));
-        assert_eq!(Signed::from_request("POST", "/files", "path=a&signature=v1_x").unwrap().operation, "write");
+        assert_eq!(
+            Signed::from_request("POST", "/files", "path=a&signature=v1_x")
+                .unwrap()
+                .operation,
+            "write"
+        );
         assert!(Signed::from_request("GET", "/files", "path=a").is_none());
         assert!(Signed::from_request("GET", "/envs", "signature=x").is_none());
-        assert!(Signed::from_request("GET", "/files", "signature=x&signature_expiration=soon").is_none());
+        assert!(
+            Signed::from_request("GET", "/files", "signature=x&signature_expiration=soon")
+                .is_none()
+        );
     }
 }

@@ -20,7 +20,7 @@ use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use http_body_util::{BodyExt, BodyDataStream, Empty, StreamBody};
+use http_body_util::{BodyDataStream, BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
 use tokio::io::AsyncWriteExt;
 
@@ -122,7 +122,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 fn answer(status: u16, sandbox: &str, message: &str) -> HttpResponse {
     let status = actix_web::http::StatusCode::from_u16(status)
         .unwrap_or(actix_web::http::StatusCode::BAD_GATEWAY);
-    let body = serde_json::json!({"sandboxId": sandbox, "message": message, "code": status.as_u16()});
+    let body =
+        serde_json::json!({"sandboxId": sandbox, "message": message, "code": status.as_u16()});
     let mut res = HttpResponse::build(status)
         .content_type("application/json")
         .body(body.to_string());
@@ -186,7 +187,9 @@ fn request_body(mut payload: web::Payload) -> ProxyBody {
 }
 
 fn empty_body() -> ProxyBody {
-    Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync()
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// The request as the sandbox gets it: same method, path, query and end-to-end headers; the
@@ -201,11 +204,15 @@ fn upstream_request(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let mut b = hyper::Request::builder().method(req.method().as_str()).uri(path);
+    let mut b = hyper::Request::builder()
+        .method(req.method().as_str())
+        .uri(path);
     let upgrade = is_upgrade(req);
     for (name, value) in req.headers() {
         let n = name.as_str();
-        if n == ACCESS_TOKEN || (HOP_BY_HOP.contains(&n) && !(upgrade && (n == "upgrade" || n == "connection"))) {
+        if n == ACCESS_TOKEN
+            || (HOP_BY_HOP.contains(&n) && !(upgrade && (n == "upgrade" || n == "connection")))
+        {
             continue;
         }
         b = b.header(n, value.as_bytes());
@@ -219,7 +226,11 @@ fn upstream_request(
     b.body(body).map_err(|e| e.to_string())
 }
 
-fn copy_headers(from: &hyper::HeaderMap, to: &mut actix_web::HttpResponseBuilder, keep_upgrade: bool) {
+fn copy_headers(
+    from: &hyper::HeaderMap,
+    to: &mut actix_web::HttpResponseBuilder,
+    keep_upgrade: bool,
+) {
     for (name, value) in from {
         let n = name.as_str();
         if HOP_BY_HOP.contains(&n) && !(keep_upgrade && (n == "upgrade" || n == "connection")) {
@@ -245,7 +256,10 @@ fn tunnel_failure(e: TunnelError, target: &Target, proxy: &Proxy) -> HttpRespons
             answer(502, &target.published, NOT_FOUND)
         }
         TunnelError::Refused { status: 409, .. } => answer(502, &target.published, NOT_FOUND),
-        TunnelError::Refused { status: 502, message } if message.contains(crate::node::dataplane::PORT_CLOSED) => {
+        TunnelError::Refused {
+            status: 502,
+            message,
+        } if message.contains(crate::node::dataplane::PORT_CLOSED) => {
             answer(502, &target.published, PORT_CLOSED)
         }
         TunnelError::Refused { status, message } => {
@@ -268,13 +282,25 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
     };
     let route = match e2b.proxy.route(&e2b, &target.sandbox).await {
         Ok(r) => r,
-        Err(e) if e.kind == ErrorKind::NotFound => return answer(502, &target.published, NOT_FOUND),
-        Err(e) => return answer(502, &target.published, &format!("{NOT_FOUND}: {}", e.message)),
+        Err(e) if e.kind == ErrorKind::NotFound => {
+            return answer(502, &target.published, NOT_FOUND);
+        }
+        Err(e) => {
+            return answer(
+                502,
+                &target.published,
+                &format!("{NOT_FOUND}: {}", e.message),
+            );
+        }
     };
     let mut agent_token = None;
     if target.is_envd() {
         if req.path() == "/init" {
-            return answer(403, &target.published, "/init belongs to the sandbox's node");
+            return answer(
+                403,
+                &target.published,
+                "/init belongs to the sandbox's node",
+            );
         }
         let presented = header_str(req.headers(), ACCESS_TOKEN);
         let signed = Signed::from_request(req.method().as_str(), req.path(), req.query_string());
@@ -297,7 +323,14 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
     let sent = e2b
         .proxy
         .tunnels
-        .send(&route.node, &target.sandbox, target.port, &bearer, upstream, upgrade)
+        .send(
+            &route.node,
+            &target.sandbox,
+            target.port,
+            &bearer,
+            upstream,
+            upgrade,
+        )
         .await;
     let resp = match sent {
         Ok(r) => r,
@@ -320,7 +353,10 @@ fn respond(resp: hyper::Response<hyper::body::Incoming>, head: bool) -> HttpResp
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let stream = BodyDataStream::new(resp.into_body()).map_err(|e| io::Error::other(e.to_string()));
-    let mut res = if head || status == actix_web::http::StatusCode::NO_CONTENT || status == actix_web::http::StatusCode::NOT_MODIFIED {
+    let mut res = if head
+        || status == actix_web::http::StatusCode::NO_CONTENT
+        || status == actix_web::http::StatusCode::NOT_MODIFIED
+    {
         if let Some(len) = length.filter(|_| head) {
             b.insert_header((header::CONTENT_LENGTH, len));
         }

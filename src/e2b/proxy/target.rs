@@ -89,10 +89,14 @@ mod tests {
 
     #[test]
     fn headers_name_the_sandbox() {
-        let t = target(Some("127.0.0.1:3000"), Some(ID), None, Some("localhost")).unwrap().unwrap();
+        let t = target(Some("127.0.0.1:3000"), Some(ID), None, Some("localhost"))
+            .unwrap()
+            .unwrap();
         assert_eq!((t.sandbox.as_str(), t.port), (CLAIM, 49983));
         assert!(t.is_envd());
-        let t = target(None, Some(CLAIM), Some("8080"), None).unwrap().unwrap();
+        let t = target(None, Some(CLAIM), Some("8080"), None)
+            .unwrap()
+            .unwrap();
         assert_eq!(t.port, 8080);
         assert!(target(None, Some(ID), Some("nope"), None).unwrap().is_err());
         assert!(target(None, Some(ID), Some("0"), None).unwrap().is_err());
@@ -105,19 +109,45 @@ mod tests {
     #[test]
     fn host_names_name_the_sandbox() {
         let host = format!("49983-{ID}.sandboxes.example.com");
-        let t = target(Some(&host), None, None, Some("sandboxes.example.com")).unwrap().unwrap();
+        let t = target(Some(&host), None, None, Some("sandboxes.example.com"))
+            .unwrap()
+            .unwrap();
         assert_eq!((t.sandbox.as_str(), t.port), (CLAIM, 49983));
         let host = format!("8000-{ID}.Example.COM:443");
-        let t = target(Some(&host), None, None, Some("example.com")).unwrap().unwrap();
+        let t = target(Some(&host), None, None, Some("example.com"))
+            .unwrap()
+            .unwrap();
         assert_eq!(t.port, 8000);
         // The gateway's own names are not data-plane requests.
-        for h in ["example.com", "api.example.com", "127.0.0.1:3000", "localhost:3000", "[::1]:3000"] {
-            assert_eq!(target(Some(h), None, None, Some("example.com")), None, "{h}");
+        for h in [
+            "example.com",
+            "api.example.com",
+            "127.0.0.1:3000",
+            "localhost:3000",
+            "[::1]:3000",
+        ] {
+            assert_eq!(
+                target(Some(h), None, None, Some("example.com")),
+                None,
+                "{h}"
+            );
         }
         let host = format!("a.49983-{ID}.example.com");
         assert_eq!(target(Some(&host), None, None, Some("example.com")), None);
-        assert_eq!(target(Some("99999-x.example.com"), None, None, Some("example.com")), None);
-        assert!(target(Some("80-notanid.example.com"), None, None, Some("example.com")).unwrap().is_err());
+        assert_eq!(
+            target(Some("99999-x.example.com"), None, None, Some("example.com")),
+            None
+        );
+        assert!(
+            target(
+                Some("80-notanid.example.com"),
+                None,
+                None,
+                Some("example.com")
+            )
+            .unwrap()
+            .is_err()
+        );
         assert_eq!(target(Some("80-x.example.com"), None, None, None), None);
     }
 }

@@ -56,7 +56,11 @@ impl AsyncRead for Prefixed {
 }
 
 impl AsyncWrite for Prefixed {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, b)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -87,7 +91,12 @@ fn parse_answer(buf: &[u8]) -> Option<(u16, usize, Option<usize>)> {
 }
 
 /// Opens a tunnel to `port` of `sandbox` through the node at `node`.
-pub async fn open(node: &str, sandbox: &str, port: u16, bearer: &str) -> Result<Prefixed, TunnelError> {
+pub async fn open(
+    node: &str,
+    sandbox: &str,
+    port: u16,
+    bearer: &str,
+) -> Result<Prefixed, TunnelError> {
     let opened = tokio::time::timeout(CONNECT_TIMEOUT, async {
         let mut s = TcpStream::connect(node)
             .await
@@ -132,7 +141,11 @@ pub async fn open(node: &str, sandbox: &str, port: u16, bearer: &str) -> Result<
         }
     })
     .await;
-    opened.unwrap_or_else(|_| Err(TunnelError::Broken(format!("node {node} did not open the tunnel in time"))))
+    opened.unwrap_or_else(|_| {
+        Err(TunnelError::Broken(format!(
+            "node {node} did not open the tunnel in time"
+        )))
+    })
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]

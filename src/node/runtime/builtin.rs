@@ -107,11 +107,21 @@ fn host_networks() -> Vec<String> {
     };
     let mut out = Vec::new();
     for a in addrs {
-        let Some(ip) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()).map(|s| s.ip()) else {
+        let Some(ip) = a
+            .address
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| s.ip())
+        else {
             continue;
         };
         out.push(format!("{ip}/32"));
-        if let Some(mask) = a.netmask.as_ref().and_then(|s| s.as_sockaddr_in()).map(|s| s.ip()) {
+        if let Some(mask) = a
+            .netmask
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| s.ip())
+        {
             let bits = u32::from(mask).count_ones();
             let net = std::net::Ipv4Addr::from(u32::from(ip) & u32::from(mask));
             if bits > 0 {
@@ -132,7 +142,9 @@ impl BuiltinRuntime {
             ));
         }
         let cgroups = Cgroups::detect(&cfg.tag).ok_or_else(|| {
-            Error::invalid("no cgroup file system is mounted; sandboxes need cgroups for their limits")
+            Error::invalid(
+                "no cgroup file system is mounted; sandboxes need cgroups for their limits",
+            )
         })?;
         if !cgroups.enforces_limits() {
             return Err(Error::invalid(format!(
@@ -180,7 +192,12 @@ impl BuiltinRuntime {
         // resolves its mount sources relative to this directory and nothing above it.
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
             .map_err(io_err("preparing the instance directory"))?;
-        for d in [layout::LOWER, layout::ROOT, layout::DISK_MOUNT, layout::HOST_USR] {
+        for d in [
+            layout::LOWER,
+            layout::ROOT,
+            layout::DISK_MOUNT,
+            layout::HOST_USR,
+        ] {
             std::fs::create_dir(dir.join(d)).map_err(io_err("preparing the instance directory"))?;
         }
         let tier = spec.key.tier();
@@ -245,7 +262,10 @@ impl BuiltinRuntime {
             .arg(LIFELINE_FD.to_string())
             .current_dir(spec.dir)
             .env_clear()
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(
@@ -304,7 +324,10 @@ impl BuiltinRuntime {
                         "exited before it was ready ({status:?}); set SANDBOX_GATEWAY_AGENT_STDERR=1 to see why"
                     ),
                 };
-                Err(Error::internal(format!("sandbox {}: {why}", spec.instance_id)))
+                Err(Error::internal(format!(
+                    "sandbox {}: {why}",
+                    spec.instance_id
+                )))
             }
         }
     }
@@ -407,7 +430,8 @@ impl Runtime for BuiltinRuntime {
         let copied = blocking(move || {
             // Frozen and flushed: the image on the host is the layer as of this moment.
             disk::sync_fs(&disk_mount).map_err(io_err("flushing the sandbox's disk"))?;
-            std::fs::create_dir(&dst_dir).map_err(io_err(format!("creating {}", dst_dir.display())))?;
+            std::fs::create_dir(&dst_dir)
+                .map_err(io_err(format!("creating {}", dst_dir.display())))?;
             disk::copy_sparse(&src, &dst_dir.join(layout::DISK_IMAGE))
                 .map_err(io_err("copying the sandbox's disk"))
         })
@@ -446,7 +470,10 @@ impl Runtime for BuiltinRuntime {
 
     async fn dial(&self, inst: &Instance<BuiltinHandle>, port: u16) -> Result<TcpStream> {
         if !self.is_alive(inst) {
-            return Err(Error::unavailable(format!("sandbox {} is not running", inst.id)));
+            return Err(Error::unavailable(format!(
+                "sandbox {} is not running",
+                inst.id
+            )));
         }
         let netns = PathBuf::from(format!("/proc/{}/ns/net", inst.handle.pid));
         self.dialer

@@ -161,7 +161,9 @@ impl Cgroups {
                 let _ = fs::remove_dir(&parent);
             }
         }
-        let v2_full = hierarchies.first().is_some_and(|h| !h.controllers.is_empty());
+        let v2_full = hierarchies
+            .first()
+            .is_some_and(|h| !h.controllers.is_empty());
         if !v2_full {
             for (controller, kind) in [
                 ("freezer", Kind::V1Freezer),
@@ -177,7 +179,8 @@ impl Cgroups {
                 let Some(m) = mounts.iter().find(|m| m.ty == "cgroup" && has(&m.opts)) else {
                     continue;
                 };
-                let own = own_path(|_, c| c.split(',').any(|x| x == controller)).unwrap_or_default();
+                let own =
+                    own_path(|_, c| c.split(',').any(|x| x == controller)).unwrap_or_default();
                 let parent = under(&m.dir, &own, &leaf);
                 if fs::create_dir_all(&parent).is_ok() {
                     hierarchies.push(Hierarchy {
@@ -247,7 +250,10 @@ impl Cgroups {
                     fs::write(dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}"))?;
                 }
                 Kind::V1Memory => {
-                    fs::write(dir.join("memory.limit_in_bytes"), l.memory_bytes.to_string())?;
+                    fs::write(
+                        dir.join("memory.limit_in_bytes"),
+                        l.memory_bytes.to_string(),
+                    )?;
                     let _ = fs::write(
                         dir.join("memory.memsw.limit_in_bytes"),
                         l.memory_bytes.to_string(),
@@ -265,7 +271,10 @@ impl Cgroups {
     }
 
     pub fn procs_files(set: &CgroupSet) -> Vec<PathBuf> {
-        set.dirs.iter().map(|(_, d)| d.join("cgroup.procs")).collect()
+        set.dirs
+            .iter()
+            .map(|(_, d)| d.join("cgroup.procs"))
+            .collect()
     }
 
     /// The instance's processes (every hierarchy holds all of them; the first is read).
@@ -389,7 +398,11 @@ impl Cgroups {
                         let inactive = read(dir.join("memory.stat"))
                             .and_then(|s| stat_value(&s, "inactive_file"))
                             .unwrap_or(0);
-                        m.memory_bytes = t.trim().parse::<u64>().ok().map(|v| v.saturating_sub(inactive));
+                        m.memory_bytes = t
+                            .trim()
+                            .parse::<u64>()
+                            .ok()
+                            .map(|v| v.saturating_sub(inactive));
                     }
                     if let Some(t) = read(dir.join("cpu.stat")) {
                         m.cpu_ns = stat_value(&t, "usage_usec").map(|us| us * 1000);
@@ -406,7 +419,11 @@ impl Cgroups {
                         let inactive = read(dir.join("memory.stat"))
                             .and_then(|s| stat_value(&s, "total_inactive_file"))
                             .unwrap_or(0);
-                        m.memory_bytes = t.trim().parse::<u64>().ok().map(|v| v.saturating_sub(inactive));
+                        m.memory_bytes = t
+                            .trim()
+                            .parse::<u64>()
+                            .ok()
+                            .map(|v| v.saturating_sub(inactive));
                     }
                     m.oom_kills = read(dir.join("memory.oom_control"))
                         .and_then(|t| stat_value(&t, "oom_kill"));

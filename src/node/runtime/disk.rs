@@ -20,15 +20,19 @@ pub struct Disks {
 
 impl Disks {
     pub fn find(dir: PathBuf) -> io::Result<Disks> {
-        let mkfs = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4", "/usr/bin/mkfs.ext4"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-            .ok_or_else(|| {
-                io::Error::other(
-                    "mkfs.ext4 is not installed; sandbox disks need it (apt-get install e2fsprogs)",
-                )
-            })?;
+        let mkfs = [
+            "/usr/sbin/mkfs.ext4",
+            "/sbin/mkfs.ext4",
+            "/usr/bin/mkfs.ext4",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            io::Error::other(
+                "mkfs.ext4 is not installed; sandbox disks need it (apt-get install e2fsprogs)",
+            )
+        })?;
         fs::create_dir_all(&dir)?;
         Ok(Disks {
             dir,
@@ -102,9 +106,7 @@ pub fn copy_sparse(src: &Path, dst: &Path) -> io::Result<u64> {
         let mut left = (hole - data) as usize;
         while left > 0 {
             // SAFETY: copy_file_range between two descriptors we own, with valid offsets.
-            let n = unsafe {
-                libc::copy_file_range(fi, &mut off_in, fo, &mut off_out, left, 0)
-            };
+            let n = unsafe { libc::copy_file_range(fi, &mut off_in, fo, &mut off_out, left, 0) };
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -163,9 +165,15 @@ mod tests {
         drop(f);
         let dst = dir.path().join("dst");
         let copied = copy_sparse(&src, &dst).unwrap();
-        assert!(copied < 1 << 20, "copied {copied} bytes of a mostly empty file");
+        assert!(
+            copied < 1 << 20,
+            "copied {copied} bytes of a mostly empty file"
+        );
         assert_eq!(fs::read(&src).unwrap(), fs::read(&dst).unwrap());
         assert!(allocated(&dst) < 1 << 20);
-        assert!(copy_sparse(&src, &dst).is_err(), "the destination must be new");
+        assert!(
+            copy_sparse(&src, &dst).is_err(),
+            "the destination must be new"
+        );
     }
 }
