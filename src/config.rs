@@ -199,6 +199,16 @@ pub struct ServeArgs {
     /// default keeps SDK data-plane calls on this machine instead of e2b's cloud.
     #[arg(long, env = "SANDBOX_GATEWAY_E2B_DOMAIN", default_value = "localhost")]
     pub e2b_domain: String,
+    /// Serve the e2b listener over TLS with a certificate for the domain and `*.DOMAIN` from
+    /// the gateway's CA (DATA_DIR/tls/ca.crt), so SDKs can reach sandboxes at
+    /// `https://PORT-ID.DOMAIN` once DNS points the domain here.
+    #[arg(long)]
+    pub e2b_tls: bool,
+    /// The e2b listener's certificate chain (PEM) instead of a generated one (implies TLS).
+    #[arg(long, requires = "e2b_tls_key")]
+    pub e2b_tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "e2b_tls_cert")]
+    pub e2b_tls_key: Option<PathBuf>,
     /// Secret that signs envd access tokens; replicas must share it [default: DATA_DIR/envd-secret].
     #[arg(long)]
     pub envd_secret_file: Option<PathBuf>,

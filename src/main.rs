@@ -198,6 +198,13 @@ fn main() -> ExitCode {
                         api_keys: s.api_keys,
                         allow_anonymous: s.allow_anonymous,
                         e2b_domain: Some(s.e2b_domain),
+                        e2b_tls: match (s.e2b_tls_cert, s.e2b_tls_key) {
+                            (Some(cert_file), Some(key_file)) => Some(gateway::E2bTls::Provided {
+                                cert_file,
+                                key_file,
+                            }),
+                            _ => s.e2b_tls.then_some(gateway::E2bTls::Generated),
+                        },
                         envd_secret_file: s.envd_secret_file,
                         dispatcher: DispatcherConfig {
                             claim_timeout,

@@ -23,7 +23,8 @@ pub struct TlsConfig {
     /// A provided serving certificate chain and key (PEM).
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
-    /// Extra DNS names for the generated serving certificate (e.g. `svc.ns.svc`).
+    /// Extra names for the generated serving certificate (e.g. `svc.ns.svc`, `*.example.com`,
+    /// or an IP address).
     pub dns_names: Vec<String>,
 }
 
@@ -85,10 +86,25 @@ fn load_or_create_ca(dir: &Path) -> Result<(String, KeyPair)> {
 
 fn serving_cert(ca_pem: &str, ca_key: &KeyPair, dns_names: &[String]) -> Result<(String, KeyPair)> {
     let issuer = Issuer::from_ca_cert_pem(ca_pem, ca_key).map_err(tls_err("loading the CA"))?;
-    let mut names: Vec<String> = vec!["localhost".into()];
-    names.extend(dns_names.iter().cloned());
+    // Names that are addresses become IP SANs; the rest DNS names (wildcards included).
+    let (ips, names): (Vec<&String>, Vec<&String>) = dns_names
+        .iter()
+        .partition(|n| n.parse::<std::net::IpAddr>().is_ok());
+    let mut dns: Vec<String> = vec!["localhost".into()];
+    dns.extend(names.into_iter().filter(|n| *n != "localhost").cloned());
     let mut params =
-        CertificateParams::new(names).map_err(tls_err("serving certificate parameters"))?;
+        CertificateParams::new(dns).map_err(tls_err("serving certificate parameters"))?;
+    for ip in ips {
+        let defaults = [
+            std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST),
+            std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ];
+        if let Ok(ip) = ip.parse::<std::net::IpAddr>()
+            && !defaults.contains(&ip)
+        {
+            params.subject_alt_names.push(SanType::IpAddress(ip));
+        }
+    }
     params
         .subject_alt_names
         .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
@@ -193,6 +209,27 @@ mod tests {
             dns_names: vec!["gw.sandbox-system.svc".into()],
         };
         let a = server_config(&cfg, &[]).unwrap();
+        let (ca, key) = load_or_create_ca(tmp.path()).unwrap();
+        let names = vec!["*.sandbox.test".to_string(), "192.0.2.7".into()];
+        let (pem, _) = serving_cert(&ca, &key, &names).unwrap();
+        let der = parse_certs(pem.as_bytes()).unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+        let san = parsed
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(
+            san.contains("*.sandbox.test")
+                && san.contains("192.0.2.7")
+                && san.contains("localhost"),
+            "{san}"
+        );
         let b = server_config(&cfg, &[]).unwrap();
         assert_eq!(a.ca_pem, b.ca_pem, "the CA is made once");
         assert!(a.ca_pem.unwrap().contains("BEGIN CERTIFICATE"));

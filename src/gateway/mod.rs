@@ -39,6 +39,8 @@ pub struct ServeConfig {
     pub allow_anonymous: bool,
     /// The sandbox domain returned to SDKs.
     pub e2b_domain: Option<String>,
+    /// TLS on the e2b listener: generated (`Generated`) or provided.
+    pub e2b_tls: Option<E2bTls>,
     /// Secret that signs envd access tokens [default: DATA_DIR/envd-secret, created].
     pub envd_secret_file: Option<PathBuf>,
     pub dispatcher: DispatcherConfig,
@@ -59,6 +61,17 @@ impl ServeConfig {
     fn remote_nodes(&self) -> bool {
         !self.nodes.is_empty() || self.cluster.is_some()
     }
+}
+
+/// Where the e2b listener's certificate comes from.
+#[derive(Debug, Clone)]
+pub enum E2bTls {
+    /// For the domain and `*.domain` (and the listen address), from the gateway's CA.
+    Generated,
+    Provided {
+        cert_file: PathBuf,
+        key_file: PathBuf,
+    },
 }
 
 /// The Kubernetes facade's listener settings.
@@ -308,19 +321,27 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     .workers(2)
     .tcp_nodelay(true)
     .shutdown_timeout(5)
-    .disable_signals()
-    .bind(&cfg.e2b_listen)
+    .disable_signals();
+    let e2b_tls = e2b_tls_config(&cfg)?;
+    let bound = match e2b_tls {
+        Some(tls) => server.bind_rustls_0_23(&cfg.e2b_listen, tls),
+        None => server.bind(&cfg.e2b_listen),
+    }
     .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
-    let (e2b_addr, handle, serving) = spawn_server(server.addrs(), server.run(), &cfg.e2b_listen);
+    let (e2b_addr, handle, serving) = spawn_server(bound.addrs(), bound.run(), &cfg.e2b_listen);
 
     println!("sandbox-gateway {}", env!("CARGO_PKG_VERSION"));
-    println!("e2b API listening on http://{e2b_addr}");
-    println!("  export E2B_API_URL=http://{e2b_addr}");
+    print_e2b_exports(&cfg, &e2b_addr);
     for note in key_notes {
         println!("{note}");
     }
+    let scheme = if cfg.e2b_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     println!(
-        "  health: curl -i http://{e2b_addr}/health   metrics: /metrics   OpenAPI: /openapi.json"
+        "  health: curl -i {scheme}://{e2b_addr}/health   metrics: /metrics   OpenAPI: /openapi.json"
     );
     match &embedded {
         Some(n) => println!(
@@ -365,6 +386,61 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         n.stop().await?;
     }
     Ok(())
+}
+
+/// The e2b listener's TLS configuration, when it serves TLS.
+fn e2b_tls_config(cfg: &ServeConfig) -> Result<Option<rustls::ServerConfig>> {
+    let Some(tls) = &cfg.e2b_tls else {
+        return Ok(None);
+    };
+    let mut names = Vec::new();
+    if let Some(d) = cfg.e2b_domain.as_deref().filter(|d| !d.is_empty()) {
+        names.push(d.to_string());
+        names.push(format!("*.{d}"));
+    }
+    if let Some((host, _)) = cfg.e2b_listen.rsplit_once(':') {
+        names.push(host.trim_matches(['[', ']']).to_string());
+    }
+    let (cert_file, key_file) = match tls {
+        E2bTls::Generated => (None, None),
+        E2bTls::Provided {
+            cert_file,
+            key_file,
+        } => (Some(cert_file.clone()), Some(key_file.clone())),
+    };
+    let served = facade::tls::server_config(
+        &facade::tls::TlsConfig {
+            dir: cfg.data_dir.join("tls"),
+            cert_file,
+            key_file,
+            dns_names: names,
+        },
+        &[],
+    )?;
+    Ok(Some(served.config))
+}
+
+/// How to point the e2b SDKs at this gateway, control plane and data plane.
+fn print_e2b_exports(cfg: &ServeConfig, addr: &str) {
+    let domain = cfg.e2b_domain.clone().unwrap_or_default();
+    if cfg.e2b_tls.is_some() {
+        println!("e2b API listening on https://{addr}");
+        println!("  export E2B_API_URL=https://{addr}");
+        println!(
+            "  export E2B_DOMAIN={domain}   # sandboxes at https://PORT-ID.{domain}: point *.{domain} at this address on port 443"
+        );
+        if matches!(cfg.e2b_tls, Some(E2bTls::Generated)) {
+            let ca = facade::tls::ca_paths(&cfg.data_dir.join("tls")).0;
+            println!(
+                "  export SSL_CERT_FILE={0} NODE_EXTRA_CA_CERTS={0}   # trust the gateway's CA",
+                ca.display()
+            );
+        }
+    } else {
+        println!("e2b API listening on http://{addr}");
+        println!("  export E2B_API_URL=http://{addr}");
+        println!("  export E2B_SANDBOX_URL=http://{addr}");
+    }
 }
 
 /// Runs a bound server in the background: the address it listens on (`asked` when it cannot

@@ -115,15 +115,15 @@ impl<R: Runtime> Node<R> {
         port: u16,
         bearer: Option<&str>,
         fleet_token: &str,
-    ) -> Result<TcpStream> {
+    ) -> Result<(TcpStream, tokio_util::sync::CancellationToken)> {
         let id = ids::canonical_claim_id(sandbox)
             .ok_or_else(|| Error::not_found(format!("{sandbox:?} is not a sandbox id")))?;
         let bearer = bearer
             .ok_or_else(|| Error::unauthenticated("Proxy-Authorization: Bearer is required"))?;
-        let (record, inst) = {
+        let (record, inst, closed) = {
             let st = self.state();
             match st.claims.get(&id) {
-                Some(c) => (c.record.clone(), c.instance.clone()),
+                Some(c) => (c.record.clone(), c.instance.clone(), c.tunnels.clone()),
                 None => return Err(self.not_found(&st, &id)),
             }
         };
@@ -139,11 +139,10 @@ impl<R: Runtime> Node<R> {
             return Err(Error::conflict(format!("sandbox {id} is paused")));
         }
         self.wait_ready(&id, READY_TIMEOUT).await?;
-        self.inner
-            .runtime
-            .dial(&inst, port)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("{PORT_CLOSED}: {}", e.message)))
+        let stream = self.inner.runtime.dial(&inst, port).await.map_err(|e| {
+            Error::new(ErrorKind::Internal, format!("{PORT_CLOSED}: {}", e.message))
+        })?;
+        Ok((stream, closed))
     }
 
     async fn tunnel(&self, mut client: TcpStream, fleet_token: &str) {
@@ -180,7 +179,7 @@ impl<R: Runtime> Node<R> {
                 fleet_token,
             )
             .await;
-        let mut upstream = match upstream {
+        let (mut upstream, closed) = match upstream {
             Ok(u) => u,
             Err(e) => {
                 let _ = client.write_all(&refusal(&e)).await;
@@ -197,13 +196,15 @@ impl<R: Runtime> Node<R> {
         if !head.rest.is_empty() && upstream.write_all(&head.rest).await.is_err() {
             return;
         }
-        let _ = tokio::io::copy_bidirectional_with_sizes(
-            &mut client,
-            &mut upstream,
-            COPY_BUFFER,
-            COPY_BUFFER,
-        )
-        .await;
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional_with_sizes(
+                &mut client,
+                &mut upstream,
+                COPY_BUFFER,
+                COPY_BUFFER,
+            ) => {}
+            _ = closed.cancelled() => {}
+        }
     }
 
     /// Serves the data plane on `listener` until the node shuts down.

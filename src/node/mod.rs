@@ -47,6 +47,8 @@ pub(crate) struct Claim<H> {
     instance: Instance<H>,
     /// Whether the agent has taken the claim's identity (token, env, hostname) yet.
     ready: identify::ReadyRx,
+    /// Cancelled when the sandbox stops serving (pause, release): its data-plane tunnels close.
+    tunnels: CancellationToken,
     op: VerbLock,
     /// The previous CPU reading, for a usage rate.
     last_cpu: Option<(Instant, u64)>,
@@ -411,6 +413,7 @@ impl<R: Runtime> Node<R> {
                 record: record.clone(),
                 instance,
                 ready,
+                tunnels: CancellationToken::new(),
                 op: Arc::new(tokio::sync::Mutex::new(())),
                 last_cpu: None,
             },

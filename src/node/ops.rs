@@ -175,6 +175,7 @@ impl<R: Runtime> Node<R> {
             let Some(c) = st.claims.remove(id) else {
                 return Err(self.not_found(&st, id));
             };
+            c.tunnels.cancel();
             st.emit(
                 &self.inner.events,
                 InventoryChange::Deleted(c.record.clone().without_token()),
@@ -230,6 +231,11 @@ impl<R: Runtime> Node<R> {
             return Err(self.not_found(&st, id));
         };
         c.record.phase = if pause { Phase::Paused } else { Phase::Running };
+        if pause {
+            // Connections into a frozen sandbox would hang; close them, so clients see it is
+            // not running.
+            std::mem::replace(&mut c.tunnels, tokio_util::sync::CancellationToken::new()).cancel();
+        }
         let record = c.record.clone();
         st.emit(
             &self.inner.events,

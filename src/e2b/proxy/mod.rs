@@ -155,8 +155,10 @@ impl Proxy {
     }
 }
 
+/// A WebSocket handshake: the one upgrade the listener can hand over as a raw byte stream
+/// (any other `Upgrade` is forwarded as a plain request, without its upgrade headers).
 fn is_upgrade(req: &HttpRequest) -> bool {
-    req.headers().contains_key(header::UPGRADE)
+    header_str(req.headers(), "upgrade").is_some_and(|u| u.trim().eq_ignore_ascii_case("websocket"))
         && header_str(req.headers(), "connection").is_some_and(|c| {
             c.split(',')
                 .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
@@ -165,8 +167,14 @@ fn is_upgrade(req: &HttpRequest) -> bool {
 
 fn has_body(req: &HttpRequest) -> bool {
     let h = req.headers();
+    if let Some(len) = header_str(h, "content-length") {
+        return len.trim() != "0";
+    }
+    if req.version() == actix_web::http::Version::HTTP_2 {
+        // HTTP/2 frames its body without a length header; only methods without one are sure.
+        return !matches!(req.method().as_str(), "GET" | "HEAD" | "OPTIONS");
+    }
     h.contains_key(header::TRANSFER_ENCODING)
-        || header_str(h, "content-length").is_some_and(|l| l.trim() != "0")
 }
 
 /// The client's body, streamed to the sandbox with bounded buffering (back-pressure).
@@ -400,7 +408,7 @@ async fn switch_protocols(
             let _ = write.shutdown().await;
         });
     }
-    let mut res = b.streaming(tokio_util::io::ReaderStream::new(read));
+    let mut res = b.body(BodyStream::new(tokio_util::io::ReaderStream::new(read)));
     res.extensions_mut().insert(Passthrough);
     res
 }

@@ -38,13 +38,18 @@ from e2b.sandbox.commands.command_handle import PtySize
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
 DEBUG = os.environ.get("E2B_DEBUG", "").lower() == "true"
-TARGETED = DEBUG or bool(os.environ.get("E2B_SANDBOX_URL"))
+TARGETED = DEBUG or bool(os.environ.get("E2B_SANDBOX_URL") or os.environ.get("E2B_DOMAIN"))
 pytestmark = pytest.mark.skipif(
-    not TARGETED, reason="no envd data plane named (E2B_DEBUG or E2B_SANDBOX_URL)"
+    not TARGETED, reason="no envd data plane named (E2B_DEBUG, E2B_SANDBOX_URL or E2B_DOMAIN)"
 )
 
 ENVD_VERSION = os.environ.get("E2B_ENVD_VERSION", "0.6.4")
 TOKEN = os.environ.get("E2B_ENVD_ACCESS_TOKEN") or None
+# Signed URLs and get_host() carry no sandbox id: through a gateway only the host name
+# ({port}-{id}.{domain}) routes them, so they need the domain mode, not E2B_SANDBOX_URL.
+HOST_ROUTED = DEBUG or not os.environ.get("E2B_SANDBOX_URL")
+# Through a fleet: create the sandbox on this node (its name is the sandbox's clientID).
+TARGET_NODE = os.environ.get("E2B_TARGET_NODE") or None
 OTHER_USER = os.environ.get("E2B_ENVD_USER") or None
 RUN = uuid.uuid4().hex[:10]
 MIB = 1024 * 1024
@@ -69,11 +74,33 @@ def sbx():
     if DEBUG:
         yield Sandbox(**_opts())
         return
-    s = Sandbox.create(timeout=300)
+    s = _create_on(TARGET_NODE)
     try:
         yield s
     finally:
         s.kill()
+
+
+def _create_on(node):
+    """A sandbox, on `node` when one is named (creates until the fleet places one there)."""
+    spare = []
+    try:
+        for _ in range(20):
+            s = Sandbox.create(timeout=300)
+            if node is None:
+                return s
+            api = os.environ["E2B_API_URL"].rstrip("/")
+            info = httpx.get(
+                f"{api}/sandboxes/{s.sandbox_id}",
+                headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+            ).json()
+            if info.get("clientID") == node:
+                return s
+            spare.append(s)
+        raise AssertionError(f"no sandbox landed on node {node}")
+    finally:
+        for s in spare:
+            s.kill()
 
 
 @pytest.fixture
@@ -343,7 +370,9 @@ def test_watch_dir_streaming_with_entries(work):
 
 
 def test_signed_urls(sbx, work):
-    if not TOKEN:
+    if not HOST_ROUTED:
+        pytest.skip("signed URLs route by host name: domain mode only")
+    if not (TOKEN or sbx._envd_access_token):
         pytest.skip("signed URLs need an access token (E2B_ENVD_ACCESS_TOKEN)")
     sbx.files.write(f"{work}/signed.txt", "signed content")
     url = sbx.download_url(f"{work}/signed.txt")

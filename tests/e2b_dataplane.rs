@@ -1,0 +1,216 @@
+//! The real e2b SDKs running commands, files and pty in real sandboxes through the gateway's
+//! data plane, both ways the SDKs address sandboxes:
+//! - `E2B_SANDBOX_URL` (headers) against a gateway over a fleet of two node processes, with the
+//!   Python 2.63.0 scenarios run on a sandbox of the second node;
+//! - the domain mode: TLS on port 443 with the wildcard certificate from the gateway's CA and
+//!   `https://{port}-{id}.{domain}` host names, resolved to the gateway inside the test
+//!   processes only (tests/e2b/py/resolve_override.py, tests/e2b/js/resolve.mjs).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const KEY_A: &str = "e2b_a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+const KEY_B: &str = "e2b_b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
+
+fn keys(tmp: &Path) -> PathBuf {
+    let keys = tmp.join("api-keys");
+    std::fs::write(&keys, format!("{KEY_A} team-a\n{KEY_B} team-b\n")).unwrap();
+    keys
+}
+
+/// Skips a run may report: scenarios that cannot apply to the way it addresses sandboxes.
+const ALLOWED_SKIPS: &[&str] = &[
+    "the async client is built from the debug options",
+    "signed URLs route by host name: domain mode only",
+    "skipped: domain mode only",
+];
+
+/// Runs one scenario program with the SDK pointed at the gateway; fails with its output, or
+/// when it skipped anything it should have run.
+fn run(label: &str, program: &Path, args: &[&str], env: &[(&str, String)]) {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(repo())
+        .env("E2B_API_KEY", KEY_A)
+        .env("E2B_OTHER_API_KEY", KEY_B)
+        .env("E2B_ENVD_USER", "user")
+        .env("PYTHONPATH", repo().join("tests/e2b/py"))
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_SANDBOX_URL")
+        .env_remove("E2B_DOMAIN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the scenarios");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("--- {label} ---\n{text}");
+    assert!(out.status.success(), "{label} failed:\n{text}");
+    for line in text
+        .lines()
+        .filter(|l| l.contains("SKIPPED") || l.contains("# skipped"))
+    {
+        assert!(
+            ALLOWED_SKIPS.iter().any(|a| line.contains(a)),
+            "{label} skipped a scenario it should run: {line}"
+        );
+    }
+}
+
+fn pytest(version: &str, files: &[&str], plugins: &[&str], env: &[(&str, String)]) {
+    let py = sdk_dir().join(format!("py-{version}/bin/python"));
+    let mut args = vec!["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"];
+    for p in plugins {
+        args.extend(["-p", p]);
+    }
+    let files: Vec<String> = files
+        .iter()
+        .map(|f| repo().join("tests/e2b/py").join(f).display().to_string())
+        .collect();
+    args.extend(files.iter().map(String::as_str));
+    run(&format!("python e2b {version} {files:?}"), &py, &args, env);
+}
+
+fn js(env: &[(&str, String)], preload: bool) {
+    let script = repo().join("tests/e2b/js/envd.mjs").display().to_string();
+    let resolve = format!(
+        "--import={}",
+        repo().join("tests/e2b/js/resolve.mjs").display()
+    );
+    let mut args = Vec::new();
+    if preload {
+        args.push(resolve.as_str());
+    }
+    args.push(script.as_str());
+    run("js e2b 2.51.0", Path::new("node"), &args, env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_work_through_the_gateway_on_a_two_node_fleet() {
+    ensure_sdks();
+    let (tmp, token) = workspace();
+    let a = NodeProc::start(
+        "node-a",
+        &tmp.path().join("a"),
+        &token,
+        "127.0.0.1:0",
+        &["--pool", "base/egress=2"],
+    );
+    let b = NodeProc::start(
+        "node-b",
+        &tmp.path().join("b"),
+        &token,
+        "127.0.0.1:0",
+        &["--pool", "base/egress=2"],
+    );
+    let keys = keys(tmp.path());
+    let data = tmp.path().join("gw");
+    let mut gw = Proc::spawn(&serve_args(
+        &data,
+        &[
+            "--node",
+            &a.addr,
+            "--node",
+            &b.addr,
+            "--node-token-file",
+            &token.display().to_string(),
+            "--api-keys",
+            &keys.display().to_string(),
+        ],
+    ));
+    let line = gw.wait_line("export E2B_SANDBOX_URL=", Duration::from_secs(60));
+    let url = line.rsplit('=').next().unwrap().trim().to_string();
+    let env = vec![
+        ("E2B_API_URL", url.clone()),
+        ("E2B_SANDBOX_URL", url.clone()),
+    ];
+
+    let mut second = env.clone();
+    second.push(("E2B_TARGET_NODE", "node-b".to_string()));
+    tokio::task::block_in_place(|| {
+        pytest(
+            "2.63.0",
+            &["test_envd.py", "test_dataplane.py"],
+            &[],
+            &second,
+        );
+        pytest("2.50.0", &["test_envd.py"], &[], &env);
+        js(&env, false);
+    });
+
+    gw.terminate();
+    let mut nodes = [a, b];
+    for n in nodes.iter_mut() {
+        n.proc.terminate();
+    }
+    assert_no_leaks(
+        tmp.path(),
+        &[nodes[0].sandboxes_dir(), nodes[1].sandboxes_dir()],
+    )
+    .await;
+}
+
+/// A loopback address of its own for this test's port 443.
+fn free_loopback_443() -> String {
+    for n in 2..250u8 {
+        let ip = format!("127.0.{}.{}", (std::process::id() % 200) as u8, n);
+        if std::net::TcpListener::bind(format!("{ip}:443")).is_ok() {
+            return ip;
+        }
+    }
+    panic!("no loopback address with a free port 443");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_work_in_the_domain_mode() {
+    ensure_sdks();
+    let (tmp, _) = workspace();
+    let keys = keys(tmp.path());
+    let data = tmp.path().join("gw");
+    let ip = free_loopback_443();
+    let domain = "sandboxes.test";
+    let mut gw = Proc::spawn(&[
+        "serve".into(),
+        "--e2b-listen".into(),
+        format!("{ip}:443"),
+        "--kube-listen".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--api-keys".into(),
+        keys.display().to_string(),
+        "--pool".into(),
+        "base/egress=2".into(),
+        "--e2b-tls".into(),
+        "--e2b-domain".into(),
+        domain.into(),
+    ]);
+    gw.wait_line("export E2B_DOMAIN=", Duration::from_secs(60));
+    let ca = data.join("tls/ca.crt").display().to_string();
+    let env = vec![
+        ("E2B_API_URL", format!("https://{ip}")),
+        ("E2B_DOMAIN", domain.to_string()),
+        ("E2B_TEST_RESOLVE", format!("{domain}={ip}")),
+        ("SSL_CERT_FILE", ca.clone()),
+        ("NODE_EXTRA_CA_CERTS", ca),
+    ];
+    tokio::task::block_in_place(|| {
+        pytest(
+            "2.63.0",
+            &["test_envd.py", "test_dataplane.py"],
+            &["resolve_override"],
+            &env,
+        );
+        js(&env, true);
+    });
+    gw.terminate();
+    assert_no_leaks(tmp.path(), &[data.join("node/sandboxes")]).await;
+}
