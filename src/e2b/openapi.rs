@@ -25,7 +25,7 @@ impl Modify for ApiKeyAuth {
 #[openapi(
     info(
         title = "sandbox-gateway e2b API",
-        description = "The e2b control-plane API served by sandbox-gateway. Errors are JSON {code, message} with code equal to the HTTP status."
+        description = "The e2b control-plane API served by sandbox-gateway. Errors are JSON {code, message} with code equal to the HTTP status.\n\nData plane: the same listener routes a request to a sandbox instead of these routes when it carries the headers `E2b-Sandbox-Id` (and `E2b-Sandbox-Port`, default 49983) or is addressed to the host `{port}-{sandboxID}.{domain}`. Port 49983 is the sandbox's envd (Connect RPC `process.Process` and `filesystem.Filesystem`, `/files`, `/health`, `/envs`, `/metrics`): `X-Access-Token` must be the sandbox's `envdAccessToken`, or a `/files` URL must carry a valid `v1_` signature made with it; `/init` is refused with 403. Any other port reaches that port inside the sandbox (HTTP, and WebSocket upgrades). An unknown or paused sandbox answers 502 `{sandboxId, message: \"The sandbox was not found\", code: 502}`; a port nobody listens on answers 502 with \"The sandbox is running but port is not open\". Bodies stream both ways; HTTP/1.1, and HTTP/2 over TLS (`--e2b-tls`)."
     ),
     paths(
         sandboxes::create_v2, sandboxes::create_v1, sandboxes::list_v2, sandboxes::list_v1,

@@ -12,8 +12,9 @@ use crate::model::pool::size_tier;
 
 const MIB: u64 = 1024 * 1024;
 
-/// One entry per template any reachable node offers. Size is the smallest pool size the
-/// fleet keeps warm for it; counts and times are the nodes' own.
+/// One entry per template any reachable node offers, with its size and packages. CPU and
+/// memory are the smallest pool size the fleet keeps warm for it; counts and times are the
+/// nodes' own.
 pub fn templates(e2b: &E2b) -> Vec<wire::Template> {
     let mut out: BTreeMap<String, wire::Template> = BTreeMap::new();
     for node in e2b.dispatcher.nodes().into_iter().filter(|n| n.up) {
@@ -26,26 +27,32 @@ pub fn templates(e2b: &E2b) -> Vec<wire::Template> {
                 .or_else(|| size_tier("small"));
             let (cpu, mem) = tier.map_or((1, 512 * MIB), |t| (t.cpu_count, t.memory_bytes));
             let usage = info.usage.iter().find(|u| &u.template == name);
+            let described = info.template_info.iter().find(|t| &t.name == name);
+            let built = described.and_then(|t| t.created_at).unwrap_or(info.started_at);
             let e = out.entry(name.clone()).or_insert_with(|| wire::Template {
                 template_id: name.clone(),
                 build_id: name.clone(),
                 cpu_count: cpu,
                 memory_mb: mem / MIB,
-                disk_size_mb: info.disk_bytes / MIB,
+                disk_size_mb: tier.map_or(info.disk_bytes, |t| t.disk_bytes) / MIB,
                 public: true,
                 aliases: Vec::new(),
                 names: vec![name.clone()],
-                created_at: info.started_at,
-                updated_at: info.started_at,
+                created_at: built,
+                updated_at: built,
                 created_by: None,
                 last_spawned_at: None,
                 spawn_count: 0,
                 build_count: 1,
                 envd_version: ENVD_VERSION.to_string(),
                 build_status: "ready",
+                size_bytes: described.map_or(0, |t| t.size_bytes),
+                packages: described.map(|t| t.packages.clone()).unwrap_or_default(),
+                kind: described.map(|t| t.kind.clone()).unwrap_or_default(),
+                captures_memory: info.captures_memory,
             });
-            e.created_at = e.created_at.min(info.started_at);
-            e.updated_at = e.updated_at.max(info.started_at);
+            e.created_at = e.created_at.min(built);
+            e.updated_at = e.updated_at.max(built);
             if let Some(u) = usage {
                 e.spawn_count += u.claims;
                 e.last_spawned_at = e.last_spawned_at.max(u.last_claim);

@@ -212,4 +212,12 @@ pub struct Template {
     pub build_count: u64,
     pub envd_version: String,
     pub build_status: &'static str,
+    /// Beyond e2b's schema: the root filesystem's size on the nodes.
+    pub size_bytes: u64,
+    /// Beyond e2b's schema: the Debian packages it was built with (empty for images).
+    pub packages: Vec<String>,
+    /// Beyond e2b's schema: how it was made (debian, derived, oci, host).
+    pub kind: String,
+    /// Beyond e2b's schema: whether pause and snapshots of its sandboxes keep their memory.
+    pub captures_memory: bool,
 }
