@@ -28,7 +28,9 @@ pub fn templates(e2b: &E2b) -> Vec<wire::Template> {
             let (cpu, mem) = tier.map_or((1, 512 * MIB), |t| (t.cpu_count, t.memory_bytes));
             let usage = info.usage.iter().find(|u| &u.template == name);
             let described = info.template_info.iter().find(|t| &t.name == name);
-            let built = described.and_then(|t| t.created_at).unwrap_or(info.started_at);
+            let built = described
+                .and_then(|t| t.created_at)
+                .unwrap_or(info.started_at);
             let e = out.entry(name.clone()).or_insert_with(|| wire::Template {
                 template_id: name.clone(),
                 build_id: name.clone(),

@@ -1,0 +1,228 @@
+//! Templates: an OCI image archive (`docker save` layout, made here from the test template's
+//! own files plus a second layer with whiteouts) imported with `sandbox-gateway template
+//! import`, a template built from another with more Debian packages, what nodes advertise
+//! about templates, and snapshots that capture a sandbox's own layer, not its template.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use sandbox_gateway::dispatch::ClaimRequest;
+use sandbox_gateway::dispatch::client::NodeConn;
+use sandbox_gateway::model::PoolKey;
+use sandbox_gateway::node::config::DEFAULT_UID_BASE;
+
+fn claim_req(template: &str) -> ClaimRequest {
+    ClaimRequest {
+        namespace: "t".into(),
+        name: template.into(),
+        key: PoolKey::new(template, "none", "small").unwrap(),
+        ttl_seconds: 300,
+        metadata: Default::default(),
+        env_vars: Default::default(),
+    }
+}
+
+fn sh(cmd: &str) {
+    let ok = Command::new("bash")
+        .args(["-c", cmd])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "{cmd}");
+}
+
+fn template_cli(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .arg("template")
+        .args(args)
+        .arg("--templates-dir")
+        .arg(templates_dir())
+        .output()
+        .expect("run sandbox-gateway template")
+}
+
+/// An image archive as `docker save` writes it: the test template's tree (ids moved back to
+/// the image's own) as layer 1, and a layer 2 that adds, replaces and whites out files.
+fn make_image(dir: &Path) -> std::path::PathBuf {
+    let rootfs = templates_dir().join("base/rootfs");
+    std::fs::create_dir_all(dir.join("l1")).unwrap();
+    std::fs::create_dir_all(dir.join("l2/opt/a")).unwrap();
+    std::fs::create_dir_all(dir.join("extra/opt/a")).unwrap();
+    // Map the template's shifted ids back to image ids for tar.
+    let map: String = [0u32, 5, 100, 1000, 65534]
+        .iter()
+        .map(|i| format!("+{} u{i}:{i}\n", DEFAULT_UID_BASE + i))
+        .collect();
+    std::fs::write(dir.join("ids.map"), map).unwrap();
+    std::fs::write(dir.join("extra/opt/a/old.txt"), "old").unwrap();
+    std::fs::write(dir.join("extra/opt/keep.txt"), "keep").unwrap();
+    std::fs::write(dir.join("l2/opt/a/new.txt"), "new").unwrap();
+    std::fs::write(dir.join("l2/opt/a/.wh..wh..opq"), "").unwrap();
+    std::fs::write(dir.join("l2/opt/.wh.keep.txt"), "").unwrap();
+    let d = dir.display();
+    sh(&format!(
+        "tar --owner-map={d}/ids.map --group-map={d}/ids.map -cf {d}/l1/layer.tar -C {} . \
+         && tar --numeric-owner -rf {d}/l1/layer.tar -C {d}/extra ./opt \
+         && tar --numeric-owner -cf {d}/l2/layer.tar -C {d}/l2 ./opt",
+        rootfs.display()
+    ));
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","IMPORTED=yes"],"WorkingDir":"/opt"}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("manifest.json"),
+        r#"[{"Config":"config.json","RepoTags":["test:1"],"Layers":["l1/layer.tar","l2/layer.tar"]}]"#,
+    )
+    .unwrap();
+    let image = dir.join("image.tar");
+    sh(&format!(
+        "tar -cf {} -C {d} manifest.json config.json l1/layer.tar l2/layer.tar",
+        image.display()
+    ));
+    image
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn images_import_and_templates_build_from_others() {
+    let (tmp, token) = workspace();
+    let suffix = std::process::id();
+    let imported = format!("imported-{suffix}");
+    let derived = format!("with-jq-{suffix}");
+    let image = make_image(&tmp.path().join("image"));
+
+    let out = template_cli(&["import", &imported, &image.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A bad archive is a clear error and leaves nothing behind.
+    std::fs::write(tmp.path().join("junk.tar"), b"not a tar file at all").unwrap();
+    let out = template_cli(&[
+        "import",
+        "junk",
+        &tmp.path().join("junk.tar").display().to_string(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a usable image archive"));
+    assert!(!templates_dir().join("junk").exists());
+
+    let out = template_cli(&["build", &derived, "--packages", "jq", "--from", "base"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = template_cli(&[
+        "build",
+        &derived,
+        "--packages",
+        "--not-a-package",
+        "--from",
+        "base",
+    ]);
+    assert!(!out.status.success());
+
+    let node = NodeProc::start(
+        "templates",
+        &tmp.path().join("node"),
+        &token,
+        "127.0.0.1:0",
+        &[
+            "--pool",
+            &format!("{imported}=1"),
+            "--pool",
+            &format!("{derived}=1"),
+            "--pool",
+            "base=1",
+        ],
+    );
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+
+    // The image's layers, whiteouts, environment and working directory.
+    let r = d.claim(claim_req(&imported)).await.unwrap().record;
+    let c = SandboxClient::of(&r);
+    let ran = c.run("pwd; ls /opt/a; ls /opt; echo imported=$IMPORTED; id -un");
+    assert_eq!(
+        ran.stdout, "/opt\nnew.txt\na\nimported=yes\nuser\n",
+        "{ran:?}"
+    );
+
+    // The derived template has the extra package; base does not.
+    let r = d.claim(claim_req(&derived)).await.unwrap().record;
+    let jq = SandboxClient::of(&r).run("echo '{\"a\":7}' | jq .a");
+    assert_eq!(jq.stdout, "7\n", "{jq:?}");
+
+    // What the node advertises about them.
+    let info = NodeConn::new(&node.addr, TOKEN)
+        .unwrap()
+        .info(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let base = info
+        .template_info
+        .iter()
+        .find(|t| t.name == "base")
+        .unwrap();
+    assert!(
+        base.size_bytes > 100 << 20 && base.packages.iter().any(|p| p == "python3"),
+        "{base:?}"
+    );
+    let with_jq = info
+        .template_info
+        .iter()
+        .find(|t| t.name == derived)
+        .unwrap();
+    assert!(
+        with_jq.packages.iter().any(|p| p == "jq") && with_jq.kind == "derived",
+        "{with_jq:?}"
+    );
+    assert_eq!(
+        info.template_info
+            .iter()
+            .find(|t| t.name == imported)
+            .unwrap()
+            .kind,
+        "oci"
+    );
+
+    // A snapshot holds the sandbox's layer, not the template under it.
+    let r = d.claim(claim_req("base")).await.unwrap().record;
+    let c = SandboxClient::of(&r);
+    c.run("head -c 4194304 /dev/urandom > /home/user/four-mib");
+    let ck = d.create_checkpoint(None, &r.id, "layer").await.unwrap();
+    assert!(
+        ck.size_bytes >= 4 << 20 && ck.size_bytes < 64 << 20,
+        "a checkpoint of {} bytes for a {} byte template",
+        ck.size_bytes,
+        base.size_bytes
+    );
+    let branch = d
+        .claim_from_checkpoint(&ck.id, "", claim_req("base"))
+        .await
+        .unwrap()
+        .record;
+    let sum = "sha256sum < /home/user/four-mib";
+    assert_eq!(
+        SandboxClient::of(&branch).run(sum).stdout,
+        c.run(sum).stdout
+    );
+    d.delete_checkpoint(&ck.id, "").await.unwrap();
+
+    d.shutdown().await;
+    let dir = node.sandboxes_dir();
+    let mut node = node;
+    node.proc.terminate();
+    assert_no_leaks(tmp.path(), &[dir]).await;
+    for t in [&imported, &derived] {
+        std::fs::remove_dir_all(templates_dir().join(t)).unwrap();
+    }
+}
