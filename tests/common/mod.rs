@@ -20,6 +20,7 @@ pub mod sandbox;
 
 #[allow(unused_imports)]
 pub use gateway::{Gateway, KEY_A, KEY_B, Reply};
+#[allow(unused_imports)]
 pub use sandbox::{Ran, SandboxClient};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-gateway");

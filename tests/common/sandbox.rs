@@ -2,7 +2,7 @@
 //! through the node's data plane (with the sandbox's own token), then plain HTTP/1.1 to envd
 //! or to any port of the sandbox. Commands go over envd's Connect protocol (JSON codec).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
