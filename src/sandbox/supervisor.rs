@@ -22,7 +22,7 @@ use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
 
 use super::spec::{BootSpec, Net, RootKind, layout};
-use super::{init, loopdev, net};
+use super::{init, loopdev, mounts, net};
 
 const SLIRP_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -51,14 +51,7 @@ fn supervise(spec_path: &Path, lifeline: Option<RawFd>) -> io::Result<i32> {
     let host_netns = File::open("/proc/self/ns/net").map_err(ctx("opening the host netns"))?;
     unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET)
         .map_err(nix_ctx("creating the mount and network namespaces"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(nix_ctx("making the mount namespace private"))?;
+    mounts::make_private()?;
 
     net::setup_namespace().map_err(ctx("setting up the network namespace"))?;
     let _slirp = match spec.net {

@@ -392,18 +392,18 @@ impl Cgroups {
             })
         };
         for (kind, dir) in &set.dirs {
+            // Memory in use, not counting page cache the kernel can drop at once (what
+            // `docker stats` reports too).
+            let used = |usage: &str, inactive: &str| {
+                let total = read(dir.join(usage))?.trim().parse::<u64>().ok()?;
+                let cache = read(dir.join("memory.stat"))
+                    .and_then(|s| stat_value(&s, inactive))
+                    .unwrap_or(0);
+                Some(total.saturating_sub(cache))
+            };
             match kind {
                 Kind::V2 => {
-                    if let Some(t) = read(dir.join("memory.current")) {
-                        let inactive = read(dir.join("memory.stat"))
-                            .and_then(|s| stat_value(&s, "inactive_file"))
-                            .unwrap_or(0);
-                        m.memory_bytes = t
-                            .trim()
-                            .parse::<u64>()
-                            .ok()
-                            .map(|v| v.saturating_sub(inactive));
-                    }
+                    m.memory_bytes = used("memory.current", "inactive_file");
                     if let Some(t) = read(dir.join("cpu.stat")) {
                         m.cpu_ns = stat_value(&t, "usage_usec").map(|us| us * 1000);
                     }
@@ -415,16 +415,7 @@ impl Cgroups {
                     }
                 }
                 Kind::V1Memory => {
-                    if let Some(t) = read(dir.join("memory.usage_in_bytes")) {
-                        let inactive = read(dir.join("memory.stat"))
-                            .and_then(|s| stat_value(&s, "total_inactive_file"))
-                            .unwrap_or(0);
-                        m.memory_bytes = t
-                            .trim()
-                            .parse::<u64>()
-                            .ok()
-                            .map(|v| v.saturating_sub(inactive));
-                    }
+                    m.memory_bytes = used("memory.usage_in_bytes", "total_inactive_file");
                     m.oom_kills = read(dir.join("memory.oom_control"))
                         .and_then(|t| stat_value(&t, "oom_kill"));
                 }
