@@ -286,6 +286,21 @@ fn open_for_upload(path: &Path) -> Result<std::fs::File, HttpError> {
         .map_err(|e| write_error(&e))
 }
 
+/// How long the rest of a failed upload is read and dropped.
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Reads and drops the rest of an upload that failed, so that the client, which sends its whole
+/// body before it reads the answer, gets the answer (a 507, say) rather than a reset.
+async fn drain<S, E>(data: &mut S)
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    let _ = tokio::time::timeout(DRAIN_FOR, async {
+        while let Some(Ok(_)) = data.next().await {}
+    })
+    .await;
+}
+
 /// Streams one file to disk as `id`, then stores its metadata.
 async fn write_one<S, E>(
     id: &Identity,
@@ -304,16 +319,28 @@ where
         None => None,
     };
     let target = path.clone();
+    let existed = std::fs::symlink_metadata(&path).is_ok();
     let file = run_as(id.clone(), move || open_for_upload(&target)).await??;
     let mut f = tokio::fs::File::from_std(file);
-    if let Some(chunk) = first {
-        f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+    let written = async {
+        if let Some(chunk) = first {
+            f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+        }
+        while let Some(chunk) = data.next().await {
+            let chunk = chunk.map_err(Into::into)?;
+            f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+        }
+        f.flush().await.map_err(|e| write_error(&e))
     }
-    while let Some(chunk) = data.next().await {
-        let chunk = chunk.map_err(Into::into)?;
-        f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+    .await;
+    if let Err(e) = written {
+        // A file this upload created and could not finish is not left half-written.
+        if !existed {
+            let _ = std::fs::remove_file(&path);
+        }
+        drain(&mut data).await;
+        return Err(e);
     }
-    f.flush().await.map_err(|e| write_error(&e))?;
     let std_file = f.into_std().await;
     let md = metadata.clone();
     run_as(id.clone(), move || write_metadata(&std_file, &md))
