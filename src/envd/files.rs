@@ -286,21 +286,6 @@ fn open_for_upload(path: &Path) -> Result<std::fs::File, HttpError> {
         .map_err(|e| write_error(&e))
 }
 
-/// How long the rest of a failed upload is read and dropped.
-const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Reads and drops the rest of an upload that failed, so that the client, which sends its whole
-/// body before it reads the answer, gets the answer (a 507, say) rather than a reset.
-async fn drain<S, E>(data: &mut S)
-where
-    S: Stream<Item = Result<Bytes, E>> + Unpin,
-{
-    let _ = tokio::time::timeout(DRAIN_FOR, async {
-        while let Some(Ok(_)) = data.next().await {}
-    })
-    .await;
-}
-
 /// Streams one file to disk as `id`, then stores its metadata.
 async fn write_one<S, E>(
     id: &Identity,
@@ -338,7 +323,6 @@ where
         if !existed {
             let _ = std::fs::remove_file(&path);
         }
-        drain(&mut data).await;
         return Err(e);
     }
     let std_file = f.into_std().await;

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod creds;
+mod drain;
 pub mod encoding;
 pub mod entry;
 pub mod errors;
