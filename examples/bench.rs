@@ -1125,7 +1125,7 @@ async fn bench_verbs(sizes: &[u64], runs: usize) -> Res<Vec<VerbCosts>> {
             d.set_paused(None, &sb.id, false).await?;
             resume.push(t.elapsed());
             let t = Instant::now();
-            let ck = d.create_checkpoint(None, &sb.id, "").await?;
+            let ck = d.create_checkpoint(None, &sb.id, "", false).await?;
             snapshot.push(t.elapsed());
             d.delete_checkpoint(&ck.id, "").await?;
             let t = Instant::now();

@@ -16,15 +16,12 @@ use std::io::{self, Write};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::chown;
 use std::path::Path;
-use std::time::Duration;
 
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
 
-use super::spec::{BootSpec, Net, RootKind, layout};
+use super::spec::{BootSpec, RootKind, layout};
 use super::{init, loopdev, mounts, net};
-
-const SLIRP_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn ctx(what: &'static str) -> impl FnOnce(io::Error) -> io::Error {
     move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
@@ -53,20 +50,13 @@ fn supervise(spec_path: &Path, lifeline: Option<RawFd>) -> io::Result<i32> {
         .map_err(nix_ctx("creating the mount and network namespaces"))?;
     mounts::make_private()?;
 
-    net::setup_namespace().map_err(ctx("setting up the network namespace"))?;
-    let _slirp = match spec.net {
-        Net::None => None,
-        Net::Egress => {
-            let program = spec
-                .slirp4netns
-                .as_deref()
-                .ok_or_else(|| io::Error::other("net egress needs slirp4netns"))?;
-            let slirp = net::start_slirp(program, &host_netns, SLIRP_READY_TIMEOUT)
-                .map_err(ctx("starting slirp4netns"))?;
-            net::block_routes(&spec).map_err(ctx("blocking private ranges"))?;
-            Some(slirp)
-        }
-    };
+    let _slirp = net::equip(
+        spec.net,
+        spec.slirp4netns.as_deref(),
+        &spec.blocked,
+        net::Blocking::Prohibit,
+        &host_netns,
+    )?;
     drop(host_netns);
 
     attach_disk(&spec)?;

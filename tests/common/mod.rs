@@ -17,6 +17,7 @@ pub mod certs;
 pub mod fake_kube;
 pub mod gateway;
 pub mod sandbox;
+pub mod scenarios;
 
 #[allow(unused_imports)]
 pub use gateway::{Gateway, KEY_A, KEY_B, Reply};

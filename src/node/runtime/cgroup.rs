@@ -270,6 +270,46 @@ impl Cgroups {
         Ok(())
     }
 
+    /// Makes `cmd` start in a session of its own inside `set`: the child moves itself into
+    /// every hierarchy before it runs anything, so nothing it starts escapes the limits.
+    /// `keep` moves a descriptor onto a fixed number in the child (a lifeline, say). The
+    /// returned files must stay open until the command has been spawned.
+    pub fn start_in(
+        cmd: &mut tokio::process::Command,
+        set: &CgroupSet,
+        keep: Option<(std::os::fd::RawFd, std::os::fd::RawFd)>,
+    ) -> io::Result<Vec<fs::File>> {
+        use std::os::fd::AsRawFd;
+        let procs: Vec<fs::File> = Self::procs_files(set)
+            .iter()
+            .map(|p| fs::OpenOptions::new().write(true).open(p))
+            .collect::<io::Result<_>>()?;
+        let fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe system calls on values prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                for &fd in &fds {
+                    // "0" moves the writing process itself into the cgroup.
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // dup2 clears close-on-exec on the target, so the descriptor survives exec.
+                if let Some((from, to)) = keep
+                    && libc::dup2(from, to) < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(procs)
+    }
+
     pub fn procs_files(set: &CgroupSet) -> Vec<PathBuf> {
         set.dirs
             .iter()
