@@ -505,7 +505,7 @@ async fn the_e2b_sdk_works_and_keeps_memory_on_gvisor() {
     tokio::task::block_in_place(|| {
         scenarios::pytest(
             "2.63.0",
-            &["test_envd.py", "test_dataplane.py", "test_gvisor.py"],
+            &["test_envd.py", "test_dataplane.py", "gvisor_scenarios.py"],
             &[],
             &env,
             &[

@@ -311,10 +311,10 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             .app_data(state.clone())
             .app_data(keys.clone())
             .app_data(metrics_data.clone())
+            // Before every route of the gateway's own: a request for a sandbox goes there.
+            .wrap_fn(e2b::proxy::intercept())
             .wrap(e2b::json_errors())
             .wrap_fn(observe::observed(metrics.clone(), "e2b"))
-            // Before every route of the gateway's own: a request for a sandbox goes there.
-            .configure(e2b::proxy::configure)
             .route("/metrics", web::get().to(metrics_route))
             .configure(e2b::configure)
     })

@@ -13,6 +13,7 @@ use prometheus::{
 use tracing::Instrument;
 
 use crate::dispatch::Dispatcher;
+use crate::httpx::Passthrough;
 use crate::model::{Error as ModelError, Result, ids};
 
 pub const REQUEST_ID: &str = "x-request-id";
@@ -166,6 +167,12 @@ where
             async move {
                 let mut res = fut.await?;
                 let status = res.status().as_u16();
+                // A sandbox's answer through the data plane is not one of the gateway's routes.
+                let route = if res.response().extensions().contains::<Passthrough>() {
+                    "data-plane".to_string()
+                } else {
+                    route
+                };
                 let took = start.elapsed();
                 if let Ok(v) = HeaderValue::from_str(&id) {
                     res.headers_mut()

@@ -13,11 +13,11 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::body::EitherBody;
 use actix_web::body::{BodyStream, SizedStream};
-use actix_web::dev::RequestHead;
-use actix_web::guard::GuardContext;
+use actix_web::dev::{RequestHead, Service, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::{BodyDataStream, BodyExt, Empty, StreamBody};
@@ -102,22 +102,37 @@ fn detect(head: &RequestHead, domain: Option<&str>) -> Option<Result<Target, tar
     )
 }
 
-/// Whether a request is for a sandbox rather than for the gateway.
-pub fn is_data_plane(ctx: &GuardContext<'_>) -> bool {
-    let domain = ctx
-        .app_data::<web::Data<E2b>>()
-        .and_then(|e| e.domain.clone());
-    detect(ctx.head(), domain.as_deref()).is_some()
+/// The data plane as the e2b listener's innermost middleware: a request that names a sandbox
+/// is forwarded before routing, so it never reaches the gateway's own routes, and those routes
+/// keep their patterns for the request metrics (a catch-all scope would hide them).
+pub fn intercept<S, B>() -> impl Fn(ServiceRequest, &S) -> Intercepted<B> + Clone
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    S::Future: 'static,
+    B: 'static,
+{
+    |req: ServiceRequest, srv: &S| {
+        let e2b = req.app_data::<web::Data<E2b>>().cloned();
+        let e2b = match e2b {
+            Some(e2b) if detect(req.head(), e2b.domain.as_deref()).is_some() => e2b,
+            _ => {
+                let fut = srv.call(req);
+                return Box::pin(async move { Ok(fut.await?.map_into_left_body()) });
+            }
+        };
+        let (http, mut payload) = req.into_parts();
+        Box::pin(async move {
+            let body = web::Payload::from_request(&http, &mut payload).await?;
+            let res = forward(http.clone(), body, e2b).await;
+            Ok(ServiceResponse::new(http, res).map_into_right_body())
+        })
+    }
 }
 
-/// Registers the data plane ahead of every other route of the listener.
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::scope("")
-            .guard(actix_web::guard::fn_guard(is_data_plane))
-            .default_service(web::to(forward)),
-    );
-}
+/// What [`intercept`] answers: the gateway's own response or the proxy's.
+pub type Intercepted<B> = std::pin::Pin<
+    Box<dyn Future<Output = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>>>,
+>;
 
 /// An answer of the proxy itself, shaped as e2b's edge shapes it (the SDKs classify 502s by
 /// their message).
