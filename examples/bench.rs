@@ -744,6 +744,9 @@ fn record(id: &str, node: &str, i: usize) -> SandboxRecord {
         memory_bytes: 512 << 20,
         state_dir: String::new(),
         disk_bytes: 0,
+        lifecycle: Default::default(),
+        lease_seconds: 0,
+        paused: None,
     }
 }
 
@@ -837,6 +840,7 @@ async fn bench_resolve(nodes: usize, per_node: usize, lookups: usize) -> Res<Res
             ttl_seconds: 600,
             metadata: Default::default(),
             env_vars: Default::default(),
+            lifecycle: Default::default(),
         })
         .await?;
     let mut live = Vec::new();
@@ -914,6 +918,7 @@ async fn bench_fleet(nodes: usize, rounds: usize, pool: u32, per_node: usize) ->
                             ttl_seconds: 600,
                             metadata: Default::default(),
                             env_vars: Default::default(),
+                            lifecycle: Default::default(),
                         })
                         .await;
                     if let Ok(c) = r {
@@ -1023,6 +1028,7 @@ async fn bench_visibility(samples: usize, interval: Duration) -> Res<Visibility>
                 ttl_seconds: 600,
                 metadata: Default::default(),
                 env_vars: Default::default(),
+                lifecycle: Default::default(),
             })
             .await?;
         let id = c.record.id.clone();
@@ -1100,6 +1106,7 @@ async fn bench_verbs(sizes: &[u64], runs: usize) -> Res<Vec<VerbCosts>> {
                 ttl_seconds: 3600,
                 metadata: Default::default(),
                 env_vars: Default::default(),
+                lifecycle: Default::default(),
             })
             .await?
             .record;

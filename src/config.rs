@@ -341,6 +341,10 @@ pub struct SandboxArgs {
     /// that would exceed it is refused.
     #[arg(long, default_value_t = crate::node::config::DEFAULT_CHECKPOINT_BUDGET_MIB)]
     pub checkpoint_budget_mib: u64,
+    /// How long a paused sandbox is kept before it is released, in seconds (its lease does not
+    /// run while it is paused; resuming grants the lease again).
+    #[arg(long, default_value_t = crate::node::config::DEFAULT_PAUSED_RETENTION_SECONDS)]
+    pub paused_retention_seconds: u64,
 }
 
 impl SandboxArgs {
@@ -356,6 +360,7 @@ impl SandboxArgs {
             runsc_platform: self.runsc_platform.clone(),
         };
         node.checkpoint_budget_bytes = self.checkpoint_budget_mib << 20;
+        node.paused_retention = Duration::from_secs(self.paused_retention_seconds);
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(

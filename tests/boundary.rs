@@ -19,6 +19,7 @@ fn claim_req(name: &str, net: &str) -> ClaimRequest {
         ttl_seconds: 600,
         metadata: Default::default(),
         env_vars: Default::default(),
+        lifecycle: Default::default(),
     }
 }
 

@@ -367,6 +367,7 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
             ttl_seconds: 600,
             metadata: Default::default(),
             env_vars: Default::default(),
+            lifecycle: Default::default(),
         })
         .await
         .unwrap();

@@ -590,6 +590,9 @@ fn full_inventory() -> inventory::NodeInventory {
         memory_bytes: 1,
         state_dir: String::new(),
         disk_bytes: 1,
+        lifecycle: Default::default(),
+        lease_seconds: 0,
+        paused: None,
     };
     let info = NodeInfo {
         name: "n1".into(),
@@ -610,6 +613,7 @@ fn full_inventory() -> inventory::NodeInventory {
             fork_limit: 1,
             max_sandboxes: 1,
             cold_start: true,
+            paused_retention_seconds: 3600,
         },
         templates: vec![],
         revision: 1,

@@ -21,6 +21,7 @@ fn claim_req(ns: &str, name: &str, ttl: u64) -> ClaimRequest {
         ttl_seconds: ttl,
         metadata: [("owner".to_string(), "tests".to_string())].into(),
         env_vars: [("GREETING".to_string(), "hello".to_string())].into(),
+        lifecycle: Default::default(),
     }
 }
 
@@ -291,6 +292,8 @@ async fn leases_are_clamped_renewed_and_reaped() {
             "2",
             "--lease-max-seconds",
             "3",
+            "--paused-retention-seconds",
+            "6",
         ],
     );
     let d = dispatcher(TOKEN, &[&node]);
@@ -331,17 +334,36 @@ async fn leases_are_clamped_renewed_and_reaped() {
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::NotFound);
 
-    // Pause one: the reaper destroys it at its deadline anyway.
-    let (_, changed) = d.set_paused(None, &default.id, true).await.unwrap();
+    // Pause one: its lease stops running. The running one is reaped at its deadline, the
+    // paused one outlives its own deadline and is reaped when its paused retention ends.
+    let (paused, changed) = d.set_paused(None, &default.id, true).await.unwrap();
     assert!(changed);
+    let retained = paused
+        .paused
+        .expect("a paused record says until when it is kept");
+    let kept = (retained.until - retained.at).num_seconds();
+    assert!((5..=6).contains(&kept), "retention of 6 s, got {kept}");
+    let e = d.renew(None, &default.id, 3, true).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Conflict, "a paused lease does not run");
     assert_eq!(SandboxClient::of(&huge).health(), 204);
     for r in [&huge, &default] {
         assert!(!processes_under(std::path::Path::new(&r.state_dir)).is_empty());
     }
+    eventually(Duration::from_secs(15), "the running lease reaped", || {
+        !std::path::Path::new(&huge.state_dir).exists()
+    })
+    .await;
+    assert!(
+        Utc::now() > default.deadline,
+        "past the paused one's old deadline"
+    );
+    let still = d.get(None, &default.id).await.unwrap();
+    assert_eq!(still.phase, Phase::Paused);
+    assert!(!processes_under(std::path::Path::new(&default.state_dir)).is_empty());
     let sandboxes = node.sandboxes_dir();
     eventually(
         Duration::from_secs(15),
-        "both leases reaped with processes and directories",
+        "both reaped with processes and directories",
         || processes_under(&sandboxes).is_empty() && dir_entries(&sandboxes).is_empty(),
     )
     .await;

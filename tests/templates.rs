@@ -23,6 +23,7 @@ fn claim_req(template: &str) -> ClaimRequest {
         ttl_seconds: 300,
         metadata: Default::default(),
         env_vars: Default::default(),
+        lifecycle: Default::default(),
     }
 }
 

@@ -202,6 +202,10 @@ impl InventoryEntry {
             memory_bytes: tier.memory_bytes,
             state_dir: String::new(),
             disk_bytes,
+            // The published entry does not carry the lifecycle; Get asks the node for it.
+            lifecycle: Default::default(),
+            lease_seconds: 0,
+            paused: None,
         })
     }
 }
@@ -319,6 +323,9 @@ mod tests {
             memory_bytes: 512 << 20,
             state_dir: "/var/lib/x".into(),
             disk_bytes: 10,
+            lifecycle: Default::default(),
+            lease_seconds: 0,
+            paused: None,
         }
     }
 

@@ -82,6 +82,7 @@ pub struct ClaimRequest {
     pub ttl_seconds: u64,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
+    pub lifecycle: model::Lifecycle,
 }
 
 impl ClaimRequest {
@@ -433,6 +434,8 @@ impl Dispatcher {
             metadata: req.metadata.clone().into_iter().collect(),
             env_vars: req.env_vars.clone().into_iter().collect(),
             no_redirect: true,
+            on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
+            auto_resume: req.lifecycle.auto_resume,
         };
         let mut refused: Vec<String> = Vec::new();
         let mut last_err: Option<Error> = None;
@@ -519,6 +522,8 @@ impl Dispatcher {
                     metadata: req.metadata.into_iter().collect(),
                     env_vars: req.env_vars.into_iter().collect(),
                     no_redirect: true,
+                    on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
+                    auto_resume: req.lifecycle.auto_resume,
                 }),
             )
             .await?;

@@ -474,6 +474,9 @@ mod tests {
             memory_bytes: 1,
             state_dir: String::new(),
             disk_bytes: 0,
+            lifecycle: Default::default(),
+            lease_seconds: 0,
+            paused: None,
         }
     }
 

@@ -61,6 +61,7 @@ mod tests {
                 fork_limit: 16,
                 max_sandboxes: 512,
                 cold_start: true,
+                paused_retention_seconds: 3600,
             },
             templates: vec!["base".into()],
             revision: 0,

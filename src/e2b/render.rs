@@ -48,8 +48,8 @@ impl E2b {
             domain: self.domain.clone(),
             allow_internet_access: record.key.net == "egress",
             lifecycle: wire::Lifecycle {
-                auto_resume: false,
-                on_timeout: "kill",
+                auto_resume: record.lifecycle.auto_resume,
+                on_timeout: record.lifecycle.on_timeout.as_str(),
             },
         })
     }
@@ -61,7 +61,8 @@ pub fn listed(record: &SandboxRecord) -> wire::ListedSandbox {
         sandbox_id: sandbox_id(record),
         client_id: record.node.clone(),
         started_at: record.claimed_at,
-        end_at: record.deadline,
+        // A paused sandbox's lease does not run; it ends when its paused retention does.
+        end_at: record.ends_at(),
         cpu_count: record.cpu_count,
         memory_mb: record.memory_bytes / MIB,
         disk_size_mb: record.disk_bytes / MIB,

@@ -69,18 +69,6 @@ fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {
             "{what} is not supported by this gateway"
         )))
     };
-    if req.auto_pause == Some(true) {
-        return refuse("autoPause (pausing at the end of the lease instead of killing)");
-    }
-    if req
-        .auto_resume
-        .as_ref()
-        .and_then(|v| v.get("enabled"))
-        .and_then(|v| v.as_bool())
-        == Some(true)
-    {
-        return refuse("autoResume");
-    }
     if req.secure == Some(false) {
         return refuse("secure: false (every sandbox gets an envd access token)");
     }
@@ -103,6 +91,39 @@ fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {
     Ok(())
 }
 
+/// The lifecycle a create asks for: `autoPause` pauses at the end of the lease instead of
+/// killing (the SDKs send it for `lifecycle.on_timeout`), `autoResume.enabled` resumes a
+/// paused sandbox when its data plane is reached.
+fn lifecycle(req: &wire::NewSandbox) -> ApiResult<model::Lifecycle> {
+    let auto_resume = match &req.auto_resume {
+        None => false,
+        Some(v) if v.is_null() => false,
+        Some(v) => v
+            .get("enabled")
+            .and_then(|e| e.as_bool())
+            .ok_or_else(|| ApiError::bad_request("autoResume must be {\"enabled\": bool}"))?,
+    };
+    let on_timeout = if req.auto_pause == Some(true) {
+        model::OnTimeout::Pause
+    } else {
+        model::OnTimeout::Kill
+    };
+    if auto_resume && on_timeout != model::OnTimeout::Pause {
+        return Err(ApiError::bad_request(
+            "autoResume needs autoPause: only a sandbox paused at its timeout can be resumed by traffic",
+        ));
+    }
+    if req.auto_pause_memory == Some(false) && on_timeout == model::OnTimeout::Pause {
+        return Err(ApiError::bad_request(
+            "autoPauseMemory: false (a filesystem-only pause) is not offered: a paused sandbox keeps its memory",
+        ));
+    }
+    Ok(model::Lifecycle {
+        on_timeout,
+        auto_resume,
+    })
+}
+
 async fn create(
     e2b: &E2b,
     tenant: &Tenant,
@@ -116,6 +137,7 @@ async fn create(
         .ok_or_else(|| ApiError::bad_request("templateID is required"))?;
     let ttl = lifetime(e2b, "Timeout", req.timeout.unwrap_or(default_timeout))?;
     refuse_unsupported(&req)?;
+    let lifecycle = lifecycle(&req)?;
     // As on e2b, a sandbox has internet access unless the request turns it off.
     let net = if req.allow_internet_access == Some(false) {
         "none"
@@ -133,6 +155,7 @@ async fn create(
         ttl_seconds: ttl,
         metadata: metadata.clone(),
         env_vars: env_vars.clone(),
+        lifecycle,
     };
     let claimed = if ids::is_checkpoint_id(&template) {
         let prefix = model::stamped_name(&tenant.namespace, "");
@@ -774,14 +797,38 @@ mod tests {
                 .message
                 .contains("network")
         );
-        r.network = None;
-        r.auto_pause = Some(true);
-        assert!(
-            refuse_unsupported(&r)
-                .unwrap_err()
-                .message
-                .contains("autoPause")
-        );
         assert!(e2b_name().starts_with("e2b-") && e2b_name().len() == 12);
+    }
+
+    fn lifecycle_of(body: serde_json::Value) -> ApiResult<model::Lifecycle> {
+        lifecycle(&serde_json::from_value(body).unwrap())
+    }
+
+    #[test]
+    fn lifecycle_follows_the_sdks_fields() {
+        use model::OnTimeout::{Kill, Pause};
+        let l = lifecycle_of(serde_json::json!({})).unwrap();
+        assert_eq!((l.on_timeout, l.auto_resume), (Kill, false));
+        let l = lifecycle_of(serde_json::json!({"autoPause": true})).unwrap();
+        assert_eq!((l.on_timeout, l.auto_resume), (Pause, false));
+        let body = serde_json::json!({"autoPause": true, "autoResume": {"enabled": true}});
+        let l = lifecycle_of(body).unwrap();
+        assert_eq!((l.on_timeout, l.auto_resume), (Pause, true));
+        let l =
+            lifecycle_of(serde_json::json!({"autoPause": false, "autoResume": {"enabled": false}}));
+        assert_eq!(l.unwrap().on_timeout, Kill);
+        for bad in [
+            serde_json::json!({"autoResume": {"enabled": true}}),
+            serde_json::json!({"autoPause": true, "autoResume": true}),
+            serde_json::json!({"autoPause": true, "autoPauseMemory": false}),
+        ] {
+            assert_eq!(
+                lifecycle_of(bad.clone()).unwrap_err().status.as_u16(),
+                400,
+                "{bad}"
+            );
+        }
+        let full = serde_json::json!({"autoPause": true, "autoPauseMemory": true});
+        assert_eq!(lifecycle_of(full).unwrap().on_timeout, Pause);
     }
 }

@@ -59,7 +59,7 @@ pub struct Sandbox {
 #[serde(rename_all = "camelCase")]
 pub struct Lifecycle {
     pub auto_resume: bool,
-    /// What happens at the end of the lease: `kill`.
+    /// What happens at the end of the lease: `kill` or `pause`.
     pub on_timeout: &'static str,
 }
 

@@ -34,11 +34,16 @@ impl LeasePolicy {
     /// The deadline of a lease granted at `now` for `ttl_seconds`. A lease too long to
     /// represent ends at the latest representable time instead of failing.
     pub fn deadline(&self, now: DateTime<Utc>, ttl_seconds: u64) -> DateTime<Utc> {
-        TimeDelta::from_std(self.grant(ttl_seconds))
-            .ok()
-            .and_then(|d| now.checked_add_signed(d))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+        after(now, self.grant(ttl_seconds))
     }
+}
+
+/// `now + d`, or the latest representable time when that is too far.
+pub fn after(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(d)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 #[cfg(test)]

@@ -39,6 +39,52 @@ impl Phase {
     }
 }
 
+/// What a sandbox's node does when its lease ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    #[default]
+    Kill,
+    Pause,
+}
+
+impl OnTimeout {
+    /// The e2b spelling, also used on the node wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Kill => "kill",
+            OnTimeout::Pause => "pause",
+        }
+    }
+
+    /// Reads the wire spelling; empty means the default (kill).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "" | "kill" => Ok(OnTimeout::Kill),
+            "pause" => Ok(OnTimeout::Pause),
+            other => Err(Error::invalid(format!(
+                "onTimeout {other:?} is neither \"kill\" nor \"pause\""
+            ))),
+        }
+    }
+}
+
+/// A sandbox's lifecycle policy, chosen at claim.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifecycle {
+    pub on_timeout: OnTimeout,
+    /// Whether reaching the sandbox's data plane resumes it when it is paused.
+    pub auto_resume: bool,
+}
+
+/// When a paused sandbox was paused and how long its node keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PausedSince {
+    pub at: DateTime<Utc>,
+    /// The end of the paused retention: the node releases the sandbox then.
+    pub until: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRecord {
     pub id: String,
@@ -61,6 +107,15 @@ pub struct SandboxRecord {
     pub state_dir: String,
     /// Disk the sandbox can use (the capacity of the file system holding its state).
     pub disk_bytes: u64,
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+    /// The lease granted at claim, in seconds; every resume grants it again, because time
+    /// spent paused does not consume a sandbox's timeout.
+    #[serde(default)]
+    pub lease_seconds: u64,
+    /// Set while the sandbox is paused.
+    #[serde(default)]
+    pub paused: Option<PausedSince>,
 }
 
 impl SandboxRecord {
@@ -73,6 +128,15 @@ impl SandboxRecord {
     pub fn name(&self) -> &str {
         let name = split_claim_ref(&self.claim_ref).1;
         if name.is_empty() { &self.id } else { name }
+    }
+
+    /// When the sandbox ends unless something changes: its lease's deadline while it runs, the
+    /// end of its paused retention while it is paused.
+    pub fn ends_at(&self) -> DateTime<Utc> {
+        match self.paused {
+            Some(p) if self.phase == Phase::Paused => p.until,
+            _ => self.deadline,
+        }
     }
 
     pub fn without_token(mut self) -> Self {
@@ -191,6 +255,7 @@ pub struct NodeLimits {
     pub fork_limit: u32,
     pub max_sandboxes: u32,
     pub cold_start: bool,
+    pub paused_retention_seconds: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,5 +343,14 @@ mod tests {
         assert_eq!(split_claim_ref("a/b/c"), ("a", "b/c"));
         assert!(validate_claim_ref(&"x".repeat(600)).is_err());
         assert!(validate_claim_ref("ns/a\nb").is_err());
+    }
+
+    #[test]
+    fn on_timeout_spellings() {
+        assert_eq!(OnTimeout::parse("").unwrap(), OnTimeout::Kill);
+        assert_eq!(OnTimeout::parse("kill").unwrap(), OnTimeout::Kill);
+        assert_eq!(OnTimeout::parse("pause").unwrap(), OnTimeout::Pause);
+        assert!(OnTimeout::parse("Pause").is_err());
+        assert_eq!(OnTimeout::Pause.as_str(), "pause");
     }
 }

@@ -33,7 +33,12 @@ pub struct NodeConfig {
     pub runtime: RuntimeChoice,
     /// Bytes all checkpoints on this node may take together (memory checkpoints are large).
     pub checkpoint_budget_bytes: u64,
+    /// How long a paused sandbox is kept (its lease does not run while it is paused).
+    pub paused_retention: Duration,
 }
+
+/// The default paused retention: 7 days.
+pub const DEFAULT_PAUSED_RETENTION_SECONDS: u64 = 7 * 24 * 3600;
 
 /// The default checkpoint budget: 32 GiB.
 pub const DEFAULT_CHECKPOINT_BUDGET_MIB: u64 = 32 << 10;
@@ -92,6 +97,7 @@ impl NodeConfig {
             disk_bytes: None,
             runtime: RuntimeChoice::default(),
             checkpoint_budget_bytes: DEFAULT_CHECKPOINT_BUDGET_MIB << 20,
+            paused_retention: Duration::from_secs(DEFAULT_PAUSED_RETENTION_SECONDS),
         }
     }
 

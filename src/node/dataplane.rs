@@ -135,9 +135,21 @@ impl<R: Runtime> Node<R> {
                 "the credential does not open sandbox {id}"
             )));
         }
-        if record.phase == Phase::Paused {
-            return Err(Error::conflict(format!("sandbox {id} is paused")));
-        }
+        let closed = if record.phase == Phase::Paused {
+            if !record.lifecycle.auto_resume {
+                return Err(Error::conflict(format!("sandbox {id} is paused")));
+            }
+            // Reaching an auto-resuming sandbox wakes it, as on e2b.
+            self.set_paused(&id, false).await?;
+            tracing::info!(id, "resumed by data-plane traffic");
+            let st = self.state();
+            match st.claims.get(&id) {
+                Some(c) => c.tunnels.clone(),
+                None => return Err(self.not_found(&st, &id)),
+            }
+        } else {
+            closed
+        };
         self.wait_ready(&id, READY_TIMEOUT).await?;
         let stream = self.inner.runtime.dial(&inst, port).await.map_err(|e| {
             Error::new(ErrorKind::Internal, format!("{PORT_CLOSED}: {}", e.message))

@@ -1,11 +1,13 @@
-//! The reaper: destroys every sandbox at its deadline, running or paused.
+//! The reaper: ends every sandbox's lease as the sandbox asked (release or pause) and
+//! releases paused sandboxes at the end of their retention.
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::Node;
 use super::runtime::Runtime;
+use crate::model::{OnTimeout, Phase, SandboxRecord};
 
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// How often claimed instances are checked for having died on their own.
@@ -15,29 +17,19 @@ impl<R: Runtime> Node<R> {
     pub(super) async fn reaper_loop(self) {
         let mut last_liveness = std::time::Instant::now();
         loop {
-            let (expired, next) = {
+            let (due, next) = {
                 let st = self.state();
                 let now = Utc::now();
-                let expired: Vec<String> = st
+                let due: Vec<(String, Ending)> = st
                     .claims
                     .values()
-                    .filter(|c| c.record.deadline <= now)
-                    .map(|c| c.record.id.clone())
+                    .filter_map(|c| ending(&c.record, now).map(|e| (c.record.id.clone(), e)))
                     .collect();
-                let next = st.claims.values().map(|c| c.record.deadline).min();
-                (
-                    expired,
-                    next.map(|d| (d - now).to_std().unwrap_or_default()),
-                )
+                let next = st.claims.values().map(|c| c.record.ends_at()).min();
+                (due, next.map(|d| (d - now).to_std().unwrap_or_default()))
             };
-            for id in expired {
-                // A renew may have moved the deadline since it was read.
-                let due = |r: &crate::model::SandboxRecord| r.deadline <= Utc::now();
-                match self.release_when(&id, "lease expired", due).await {
-                    Ok(true) => tracing::info!(id, "reaped at its deadline"),
-                    Ok(false) => {}
-                    Err(e) => tracing::debug!(id, error = %e, "reaping skipped"),
-                }
+            for (id, how) in due {
+                self.end(&id, how).await;
             }
             if last_liveness.elapsed() >= LIVENESS_EVERY {
                 last_liveness = std::time::Instant::now();
@@ -49,6 +41,62 @@ impl<R: Runtime> Node<R> {
                 _ = self.inner.wake_reaper.notified() => {}
                 _ = self.inner.shutdown.cancelled() => return,
             }
+        }
+    }
+}
+
+/// What the reaper does with a sandbox whose time is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The lease ended and the sandbox asked to be killed then.
+    Release,
+    /// The lease ended and the sandbox asked to be paused instead.
+    Pause,
+    /// A paused sandbox's retention ended.
+    Retention,
+}
+
+/// Whether `r`'s time is up at `now`, and what ends it. A paused sandbox's lease does not
+/// run; only its retention does.
+fn ending(r: &SandboxRecord, now: DateTime<Utc>) -> Option<Ending> {
+    match r.phase {
+        Phase::Paused => (r.ends_at() <= now).then_some(Ending::Retention),
+        Phase::Running if r.deadline > now => None,
+        Phase::Running => Some(match r.lifecycle.on_timeout {
+            OnTimeout::Kill => Ending::Release,
+            OnTimeout::Pause => Ending::Pause,
+        }),
+    }
+}
+
+impl<R: Runtime> Node<R> {
+    async fn end(&self, id: &str, how: Ending) {
+        // A renew, pause or resume may have moved the sandbox on since it was read.
+        let still = move |r: &SandboxRecord| ending(r, Utc::now()) == Some(how);
+        match how {
+            Ending::Release | Ending::Retention => {
+                let why = if how == Ending::Release {
+                    "lease expired"
+                } else {
+                    "paused retention ended"
+                };
+                match self.release_when(id, why, still).await {
+                    Ok(true) => tracing::info!(id, why, "reaped"),
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!(id, error = %e, "reaping skipped"),
+                }
+            }
+            Ending::Pause => match self.pause_when(id, still).await {
+                Ok(true) => tracing::info!(id, "paused at the end of its lease"),
+                Ok(false) => {}
+                Err(e) => {
+                    // A sandbox that cannot be paused must still not outlive its lease.
+                    tracing::warn!(id, error = %e, "pausing at the end of the lease failed; releasing");
+                    let _ = self
+                        .release_when(id, "lease expired (pause failed)", |_| true)
+                        .await;
+                }
+            },
         }
     }
 }

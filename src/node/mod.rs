@@ -158,6 +158,7 @@ pub struct ClaimSpec {
     pub claim_ref: String,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
+    pub lifecycle: model::Lifecycle,
 }
 
 impl ClaimSpec {
@@ -400,6 +401,9 @@ impl<R: Runtime> Node<R> {
             memory_bytes: tier.memory_bytes,
             state_dir: inst.dir.display().to_string(),
             disk_bytes: self.inner.cfg.disk_bytes.unwrap_or(tier.disk_bytes),
+            lifecycle: spec.lifecycle,
+            lease_seconds: self.inner.cfg.lease.grant(spec.ttl_seconds).as_secs(),
+            paused: None,
             id,
         }
     }
@@ -523,6 +527,7 @@ impl<R: Runtime> Node<R> {
                 fork_limit: cfg.fork_limit,
                 max_sandboxes: cfg.max_sandboxes,
                 cold_start: cfg.cold_start,
+                paused_retention_seconds: cfg.paused_retention.as_secs(),
             },
             templates: templates.iter().map(|t| t.meta.name.clone()).collect(),
             template_info: templates

@@ -190,6 +190,7 @@ impl<R: Runtime> Node<R> {
 
     /// Sets the deadline to `ttl_seconds` from now (0 = default, clamped to the maximum).
     /// A shorter deadline is applied only with `allow_shorter`; otherwise the current one stays.
+    /// A paused sandbox has no running lease to renew (a conflict, as on e2b).
     pub fn renew(
         &self,
         id: &str,
@@ -201,6 +202,12 @@ impl<R: Runtime> Node<R> {
         let Some(c) = st.claims.get_mut(id) else {
             return Err(self.not_found(&st, id));
         };
+        if c.record.phase == Phase::Paused {
+            // Its lease does not run while it is paused; resuming grants it again.
+            return Err(Error::conflict(format!(
+                "sandbox {id} is paused: its lease starts again when it resumes"
+            )));
+        }
         if wanted < c.record.deadline && !allow_shorter {
             return Ok((c.record.deadline, false));
         }
@@ -215,10 +222,29 @@ impl<R: Runtime> Node<R> {
     /// Freezes (`pause = true`) or thaws the sandbox. Repeating either is not an error: the
     /// answer says whether the state changed.
     pub async fn set_paused(&self, id: &str, pause: bool) -> Result<(SandboxRecord, bool)> {
+        self.set_paused_when(id, pause, |_| true).await
+    }
+
+    /// Pauses the sandbox if `still` holds for its record once its verb lock is held;
+    /// answers whether it paused it.
+    pub(super) async fn pause_when(
+        &self,
+        id: &str,
+        still: impl Fn(&SandboxRecord) -> bool,
+    ) -> Result<bool> {
+        Ok(self.set_paused_when(id, true, still).await?.1)
+    }
+
+    async fn set_paused_when(
+        &self,
+        id: &str,
+        pause: bool,
+        still: impl Fn(&SandboxRecord) -> bool,
+    ) -> Result<(SandboxRecord, bool)> {
         let (op, inst) = self.claim_handle(id)?;
         let _guard = op.lock_owned().await;
         let current = self.record_of(id)?;
-        if (current.phase == Phase::Paused) == pause {
+        if (current.phase == Phase::Paused) == pause || !still(&current) {
             return Ok((current, false));
         }
         if pause {
@@ -231,6 +257,15 @@ impl<R: Runtime> Node<R> {
             return Err(self.not_found(&st, id));
         };
         c.record.phase = if pause { Phase::Paused } else { Phase::Running };
+        let now = Utc::now();
+        if pause {
+            let until = model::lease::after(now, self.inner.cfg.paused_retention);
+            c.record.paused = Some(model::PausedSince { at: now, until });
+        } else {
+            // Time spent paused does not count: the lease starts again.
+            c.record.paused = None;
+            c.record.deadline = self.inner.cfg.lease.deadline(now, c.record.lease_seconds);
+        }
         if pause {
             // Connections into a frozen sandbox would hang; close them, so clients see it is
             // not running.
@@ -309,6 +344,7 @@ impl<R: Runtime> Node<R> {
             claim_ref: String::new(),
             metadata: parent.metadata.clone(),
             env_vars: parent.env_vars.clone(),
+            lifecycle: parent.lifecycle,
         };
         let mut children = Vec::with_capacity(count as usize);
         for inst in booted.into_iter().flatten() {

@@ -46,13 +46,19 @@ fn claim_spec(
     claim_ref: String,
     metadata: HashMap<String, String>,
     env_vars: HashMap<String, String>,
-) -> ClaimSpec {
-    ClaimSpec {
+    on_timeout: &str,
+    auto_resume: bool,
+) -> model::Result<ClaimSpec> {
+    Ok(ClaimSpec {
         ttl_seconds,
         claim_ref,
         metadata: metadata.into_iter().collect(),
         env_vars: env_vars.into_iter().collect(),
-    }
+        lifecycle: model::Lifecycle {
+            on_timeout: model::OnTimeout::parse(on_timeout)?,
+            auto_resume,
+        },
+    })
 }
 
 fn required_id(id: &str, what: &str) -> Result<(), Status> {
@@ -67,7 +73,14 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
     async fn claim(&self, req: Request<proto::ClaimRequest>) -> Reply<proto::ClaimReply> {
         let r = req.into_inner();
         let key = key_of(r.key)?;
-        let spec = claim_spec(r.ttl_seconds, r.claim_ref, r.metadata, r.env_vars);
+        let spec = claim_spec(
+            r.ttl_seconds,
+            r.claim_ref,
+            r.metadata,
+            r.env_vars,
+            &r.on_timeout,
+            r.auto_resume,
+        )?;
         let node = self.node.clone();
         let (record, warm) = detached(async move { node.claim(&key, spec).await }).await?;
         Ok(Response::new(proto::ClaimReply {
@@ -82,7 +95,14 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
     ) -> Reply<proto::ClaimReply> {
         let r = req.into_inner();
         required_id(&r.checkpoint_id, "checkpoint")?;
-        let spec = claim_spec(r.ttl_seconds, r.claim_ref, r.metadata, r.env_vars);
+        let spec = claim_spec(
+            r.ttl_seconds,
+            r.claim_ref,
+            r.metadata,
+            r.env_vars,
+            &r.on_timeout,
+            r.auto_resume,
+        )?;
         let node = self.node.clone();
         let record =
             detached(async move { node.claim_checkpoint(&r.checkpoint_id, spec).await }).await?;

@@ -130,6 +130,11 @@ impl From<&model::SandboxRecord> for super::Sandbox {
             memory_bytes: r.memory_bytes,
             state_dir: r.state_dir.clone(),
             disk_bytes: r.disk_bytes,
+            on_timeout: r.lifecycle.on_timeout.as_str().to_string(),
+            auto_resume: r.lifecycle.auto_resume,
+            lease_seconds: r.lease_seconds,
+            paused_at_ms: r.paused.map(|p| to_ms(p.at)).unwrap_or(0),
+            retain_until_ms: r.paused.map(|p| to_ms(p.until)).unwrap_or(0),
         }
     }
 }
@@ -162,6 +167,16 @@ impl From<super::Sandbox> for model::SandboxRecord {
             memory_bytes: s.memory_bytes,
             state_dir: s.state_dir,
             disk_bytes: s.disk_bytes,
+            // A node sends what it stored; an unknown spelling (a newer node) reads as kill.
+            lifecycle: model::Lifecycle {
+                on_timeout: model::OnTimeout::parse(&s.on_timeout).unwrap_or_default(),
+                auto_resume: s.auto_resume,
+            },
+            lease_seconds: s.lease_seconds,
+            paused: (s.paused_at_ms != 0).then(|| model::PausedSince {
+                at: from_ms(s.paused_at_ms),
+                until: from_ms(s.retain_until_ms),
+            }),
         }
     }
 }
@@ -260,6 +275,7 @@ impl From<&model::NodeInfo> for super::NodeInfo {
                 fork_limit: i.limits.fork_limit,
                 max_sandboxes: i.limits.max_sandboxes,
                 cold_start: i.limits.cold_start,
+                paused_retention_seconds: i.limits.paused_retention_seconds,
             }),
             templates: i.templates.clone(),
             revision: i.revision,
@@ -328,6 +344,7 @@ impl From<super::NodeInfo> for model::NodeInfo {
                 fork_limit: limits.fork_limit,
                 max_sandboxes: limits.max_sandboxes,
                 cold_start: limits.cold_start,
+                paused_retention_seconds: limits.paused_retention_seconds,
             },
             lost: i
                 .lost

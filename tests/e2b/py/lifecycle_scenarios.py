@@ -1,0 +1,165 @@
+"""Sandbox lifecycle with the unmodified e2b Python SDK: `lifecycle={"on_timeout": "pause"}`
+pauses at the end of the timeout instead of killing, with the processes' memory kept;
+`auto_resume` wakes a paused sandbox when its data plane is reached; time spent paused does
+not consume the timeout, a paused sandbox is kept until the node's paused retention ends, and
+connect grants a fresh timeout. Run by tests/e2b_lifecycle.rs against a gateway whose node
+keeps paused sandboxes for PAUSED_RETENTION seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from e2b import Sandbox, SandboxException, SandboxQuery, SandboxState
+from e2b.exceptions import InvalidArgumentException, NotFoundException
+
+RETENTION = int(os.environ["PAUSED_RETENTION"])
+
+# A counter that lives only in the process's memory; the file shows it and the pid.
+COUNTER = (
+    "python3 -c \"import os, time\n"
+    "n = 0\n"
+    "while True:\n"
+    "    n += 1\n"
+    "    open('/tmp/n.tmp', 'w').write(f'{os.getpid()} {n}')\n"
+    "    os.replace('/tmp/n.tmp', '/tmp/n')\n"
+    "    time.sleep(0.1)\n\""
+)
+
+
+def counter(sbx: Sandbox) -> tuple[int, int]:
+    pid, n = sbx.commands.run("cat /tmp/n").stdout.split()
+    return int(pid), int(n)
+
+
+def wait_state(sandbox_id: str, state: str, within: float):
+    deadline = time.monotonic() + within
+    while True:
+        info = Sandbox.get_info(sandbox_id)
+        if info.state.value == state:
+            return info
+        assert time.monotonic() < deadline, f"{sandbox_id} stayed {info.state.value}"
+        time.sleep(0.25)
+
+
+def seconds_until(t: datetime) -> float:
+    return (t - datetime.now(timezone.utc)).total_seconds()
+
+
+def start_counter(sbx: Sandbox) -> tuple[int, int]:
+    sbx.commands.run(COUNTER, background=True)
+    deadline = time.monotonic() + 10
+    while sbx.commands.run("test -s /tmp/n || echo no").stdout.strip() == "no":
+        assert time.monotonic() < deadline, "the counter never started"
+        time.sleep(0.1)
+    return counter(sbx)
+
+
+def test_timeout_pauses_and_traffic_resumes_with_memory():
+    sbx = Sandbox.create(timeout=8, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        info = Sandbox.get_info(sbx.sandbox_id)
+        assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}
+        pid, n1 = start_counter(sbx)
+        paused = wait_state(sbx.sandbox_id, "paused", within=20)
+        # Paused, it ends when the retention does, not at its old deadline.
+        assert RETENTION - 5 < seconds_until(paused.end_at) <= RETENTION + 1
+        frozen = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert sbx.sandbox_id in [s.sandbox_id for s in frozen]
+        time.sleep(1.5)
+        # Reaching the data plane wakes it: the same process, still counting from its memory.
+        pid2, n2 = counter(sbx)
+        assert pid2 == pid and n2 > n1, (pid, n1, pid2, n2)
+        running = Sandbox.get_info(sbx.sandbox_id)
+        assert running.state.value == "running"
+        # Resuming granted the timeout again.
+        assert 2 < seconds_until(running.end_at) <= 9
+        time.sleep(0.5)
+        assert counter(sbx)[1] > n2
+        # And it pauses again at the end of the new lease.
+        wait_state(sbx.sandbox_id, "paused", within=20)
+    finally:
+        sbx.kill()
+
+
+def test_paused_time_does_not_consume_the_timeout():
+    sbx = Sandbox.create(timeout=3)
+    try:
+        pid, n1 = start_counter(sbx)
+        sbx.pause()
+        # Well past the deadline it had when it was paused: still there, still paused.
+        time.sleep(5)
+        assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+        # Its lease does not run, so there is none to set (409, as on e2b).
+        with pytest.raises(SandboxException):
+            Sandbox.set_timeout(sbx.sandbox_id, 30)
+        # Without auto_resume the data plane does not wake it.
+        with pytest.raises(SandboxException):
+            sbx.commands.run("true", request_timeout=10)
+        again = Sandbox.connect(sbx.sandbox_id, timeout=30)
+        pid2, n2 = counter(again)
+        assert pid2 == pid and n2 >= n1
+        assert 20 < seconds_until(Sandbox.get_info(sbx.sandbox_id).end_at) <= 31
+    finally:
+        sbx.kill()
+
+
+def test_timeout_pause_without_auto_resume_waits_for_connect():
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+    try:
+        assert Sandbox.get_info(sbx.sandbox_id).lifecycle == {
+            "on_timeout": "pause",
+            "auto_resume": False,
+        }
+        sbx.commands.run("echo kept > /tmp/kept")
+        wait_state(sbx.sandbox_id, "paused", within=20)
+        with pytest.raises(SandboxException):
+            sbx.commands.run("true", request_timeout=10)
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.commands.run("cat /tmp/kept").stdout.strip() == "kept"
+    finally:
+        sbx.kill()
+
+
+def test_a_paused_sandbox_is_released_when_its_retention_ends():
+    sbx = Sandbox.create(timeout=60)
+    sbx.pause()
+    deadline = time.monotonic() + RETENTION + 15
+    while True:
+        try:
+            Sandbox.get_info(sbx.sandbox_id)
+        except NotFoundException:
+            break
+        assert time.monotonic() < deadline, "the paused sandbox outlived its retention"
+        time.sleep(0.5)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id)
+
+
+def test_kill_is_the_default_and_options_the_gateway_cannot_keep_are_refused():
+    sbx = Sandbox.create(timeout=2)
+    assert Sandbox.get_info(sbx.sandbox_id).lifecycle == {
+        "on_timeout": "kill",
+        "auto_resume": False,
+    }
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            Sandbox.get_info(sbx.sandbox_id)
+        except NotFoundException:
+            break
+        assert time.monotonic() < deadline, "the sandbox outlived its timeout"
+        time.sleep(0.25)
+    # A filesystem-only auto-pause would drop memory this gateway keeps: refused, nothing made.
+    before = len(Sandbox.list().next_items())
+    with pytest.raises((SandboxException, InvalidArgumentException)) as e:
+        Sandbox.create(
+            timeout=30,
+            lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
+        )
+    assert "filesystem" in str(e.value)
+    assert len(Sandbox.list().next_items()) == before
