@@ -28,6 +28,20 @@ fn init_logging(default: &str) {
         .init();
 }
 
+/// Inside a sandbox: `LEVEL message key=value…` lines on stderr, which the node keeps as the
+/// sandbox's log (`node::logs::parse_line` reads them).
+fn init_sandbox_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .with_ansi(false)
+        .init();
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -158,7 +172,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command.unwrap_or(Command::Serve(cli.serve)) {
         Command::Agent(a) => {
-            init_logging("warn");
+            if a.boot.is_some() {
+                init_sandbox_logging();
+            } else {
+                init_logging("warn");
+            }
             if a.gvisor_init {
                 sandbox_gateway::sandbox::gvisor_init::run(
                     a.init_token.unwrap_or_default(),

@@ -858,6 +858,27 @@ impl Dispatcher {
             .map(Into::into)
     }
 
+    /// Entries of a sandbox's log, from its node.
+    pub async fn logs(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        query: &model::logs::LogQuery,
+    ) -> Result<Vec<model::logs::LogEntry>> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "logs",
+                Effect::Read,
+                self.inner.cfg.call_timeout,
+                c.logs(proto::LogsRequest::from_query(&record.id, query)),
+            )
+            .await?;
+        Ok(reply.entries.into_iter().map(Into::into).collect())
+    }
+
     // ----- checkpoints across the fleet -----
 
     async fn checkpoints_on(

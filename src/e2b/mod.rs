@@ -6,6 +6,7 @@ pub mod body;
 pub mod error;
 pub mod idempotency;
 pub mod listing;
+pub mod logs;
 pub mod openapi;
 pub mod proxy;
 mod render;
@@ -77,14 +78,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/sandboxes/{id}/fork", web::post().to(s::fork))
         .route("/sandboxes/{id}/snapshots", web::post().to(s::snapshot))
         .route("/sandboxes/{id}/metrics", web::get().to(s::metrics))
+        .route("/sandboxes/{id}/logs", web::get().to(logs::v1))
+        .route("/v2/sandboxes/{id}/logs", web::get().to(logs::v2))
         .route("/snapshots", web::get().to(s::list_snapshots))
         .route("/templates", web::get().to(templates::list))
         .route("/v2/templates", web::get().to(templates::list_v2))
         .route("/templates/{id}", web::delete().to(s::delete_template))
         // Known to the SDKs, not served here.
         .route("/sandboxes/{id}/network", web::put().to(s::not_supported))
-        .route("/sandboxes/{id}/logs", web::get().to(s::not_supported))
-        .route("/v2/sandboxes/{id}/logs", web::get().to(s::not_supported))
         .route("/v3/templates", web::post().to(s::not_supported))
         .route(
             "/v2/templates/{id}/builds/{build}",

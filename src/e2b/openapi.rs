@@ -5,7 +5,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{sandboxes, templates, wire};
+use super::{logs, sandboxes, templates, wire};
 
 struct ApiKeyAuth;
 
@@ -33,14 +33,15 @@ impl Modify for ApiKeyAuth {
         sandboxes::pause, sandboxes::connect_v2, sandboxes::connect_v1, sandboxes::resume,
         sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots,
         sandboxes::delete_template, sandboxes::metrics, sandboxes::metrics_batch,
-        templates::list, templates::list_v2,
+        logs::v1, logs::v2, templates::list, templates::list_v2,
     ),
     components(schemas(
         ErrorBody, wire::NewSandbox, wire::Sandbox, wire::SandboxDetail, wire::ListedSandbox,
         wire::Lifecycle, wire::TimeoutRequest, wire::RefreshRequest, wire::PauseRequest,
         wire::ConnectRequest, wire::ResumeRequest, wire::ForkRequest, wire::ForkResult,
         wire::SnapshotRequest, wire::SnapshotInfo, wire::SandboxMetric,
-        wire::SandboxesWithMetrics, wire::Template,
+        wire::SandboxesWithMetrics, wire::Template, logs::SandboxLogs, logs::SandboxLogsV2,
+        logs::SandboxLog, logs::SandboxLogEntry,
     )),
     modifiers(&ApiKeyAuth)
 )]

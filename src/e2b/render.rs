@@ -8,6 +8,13 @@ use crate::model::{CheckpointRecord, SandboxRecord, SandboxStats, ids};
 
 const MIB: u64 = 1024 * 1024;
 
+pub fn ok_json<T: serde::Serialize>(
+    status: actix_web::http::StatusCode,
+    body: &T,
+) -> actix_web::HttpResponse {
+    actix_web::HttpResponse::build(status).json(body)
+}
+
 /// The id the e2b surface publishes: DNS-label safe, because the SDK builds
 /// `{port}-{sandboxID}.{domain}` host names from it.
 pub fn sandbox_id(record: &SandboxRecord) -> String {

@@ -13,7 +13,7 @@ use super::body::{Body, OptionalBody};
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::idempotency::{self, Begin, Outcome};
 use super::listing::{self, Cursor, Order};
-use super::render;
+use super::render::{self, ok_json};
 use super::{E2b, wire};
 use crate::dispatch::ClaimRequest;
 use crate::model::{self, CheckpointFilter, Phase, PoolKey, ids};
@@ -29,10 +29,6 @@ pub const MIN_REFRESH: i64 = 15;
 pub const DEFAULT_RESUME_TIMEOUT: i64 = 15;
 
 type Data = web::Data<E2b>;
-
-fn ok_json<T: serde::Serialize>(status: StatusCode, body: &T) -> HttpResponse {
-    HttpResponse::build(status).json(body)
-}
 
 /// Checks a lifetime in seconds: positive and within what the nodes grant.
 fn lifetime(e2b: &E2b, what: &str, seconds: i64) -> ApiResult<u64> {

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod ids;
 pub mod lease;
+pub mod logs;
 pub mod pool;
 pub mod sandbox;
 

@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::Node;
 use super::runtime::Runtime;
+use crate::model::logs::LogLevel;
 use crate::model::{Error, ErrorKind, Phase, Result, ids};
 
 /// The longest CONNECT head accepted.
@@ -142,6 +143,11 @@ impl<R: Runtime> Node<R> {
             // Reaching an auto-resuming sandbox wakes it, as on e2b.
             self.set_paused(&id, false).await?;
             tracing::info!(id, "resumed by data-plane traffic");
+            self.note(
+                &id,
+                LogLevel::Info,
+                format!("auto-resumed by a connection to port {port}"),
+            );
             let st = self.state();
             match st.claims.get(&id) {
                 Some(c) => c.tunnels.clone(),

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::Node;
 use super::runtime::Runtime;
+use crate::model::logs::LogLevel;
 use crate::model::{OnTimeout, Phase, SandboxRecord};
 
 const MAX_SLEEP: Duration = Duration::from_secs(1);
@@ -87,7 +88,14 @@ impl<R: Runtime> Node<R> {
                 }
             }
             Ending::Pause => match self.pause_when(id, still).await {
-                Ok(true) => tracing::info!(id, "paused at the end of its lease"),
+                Ok(true) => {
+                    tracing::info!(id, "paused at the end of its lease");
+                    self.note(
+                        id,
+                        LogLevel::Info,
+                        "the lease ended: paused (on_timeout: pause)",
+                    );
+                }
                 Ok(false) => {}
                 Err(e) => {
                     // A sandbox that cannot be paused must still not outlive its lease.

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod dataplane;
 mod identify;
 mod leases;
+pub mod logs;
 mod ops;
 mod pools;
 pub mod runtime;
@@ -425,6 +426,19 @@ impl<R: Runtime> Node<R> {
             .or_insert((0, record.claimed_at));
         used.0 += 1;
         used.1 = record.claimed_at;
+        instance.logs.note(
+            model::logs::LogLevel::Info,
+            format!(
+                "claimed{} ({}), lease until {}",
+                if record.claim_ref.is_empty() {
+                    String::new()
+                } else {
+                    format!(" as {}", record.claim_ref)
+                },
+                record.key,
+                record.deadline.to_rfc3339()
+            ),
+        );
         let ready = self.identify(&record, &instance);
         st.claims.insert(
             record.id.clone(),

@@ -261,10 +261,20 @@ impl<R: Runtime> Node<R> {
         if pause {
             let until = model::lease::after(now, self.inner.cfg.paused_retention);
             c.record.paused = Some(model::PausedSince { at: now, until });
+            let until = until.to_rfc3339();
+            c.instance.logs.note(
+                model::logs::LogLevel::Info,
+                format!("paused; kept until {until} unless resumed"),
+            );
         } else {
             // Time spent paused does not count: the lease starts again.
             c.record.paused = None;
             c.record.deadline = self.inner.cfg.lease.deadline(now, c.record.lease_seconds);
+            let secs = c.record.lease_seconds;
+            c.instance.logs.note(
+                model::logs::LogLevel::Info,
+                format!("resumed; lease of {secs} s granted again"),
+            );
         }
         if pause {
             // Connections into a frozen sandbox would hang; close them, so clients see it is
@@ -497,6 +507,26 @@ impl<R: Runtime> Node<R> {
 
     /// Measured use of one sandbox: CPU since the previous call (or since the claim), its
     /// memory and its disk as the runtime measures them.
+    /// Entries of the sandbox's log ring.
+    pub fn logs(
+        &self,
+        id: &str,
+        query: &model::logs::LogQuery,
+    ) -> Result<Vec<model::logs::LogEntry>> {
+        let st = self.state();
+        match st.claims.get(id) {
+            Some(c) => Ok(c.instance.logs.query(query)),
+            None => Err(self.not_found(&st, id)),
+        }
+    }
+
+    /// Adds a line of the node's own to the sandbox's log.
+    pub(super) fn note(&self, id: &str, level: model::logs::LogLevel, message: impl Into<String>) {
+        if let Some(c) = self.state().claims.get(id) {
+            c.instance.logs.note(level, message);
+        }
+    }
+
     pub async fn stats(&self, id: &str) -> Result<SandboxStats> {
         let (_, inst) = self.claim_handle(id)?;
         let usage = self.inner.runtime.usage(&inst).await?;

@@ -205,6 +205,15 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
         Ok(Response::new((&stats).into()))
     }
 
+    async fn logs(&self, req: Request<proto::LogsRequest>) -> Reply<proto::LogsReply> {
+        let r = req.into_inner();
+        let query = r.to_query()?;
+        let entries = self.node.logs(&r.id, &query)?;
+        Ok(Response::new(proto::LogsReply {
+            entries: entries.iter().map(Into::into).collect(),
+        }))
+    }
+
     async fn info(&self, _req: Request<proto::InfoRequest>) -> Reply<proto::NodeInfo> {
         Ok(Response::new((&self.node.info()).into()))
     }

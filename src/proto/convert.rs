@@ -468,3 +468,62 @@ mod tests {
         }
     }
 }
+
+impl super::LogsRequest {
+    /// The query a request asks (its level checked).
+    pub fn to_query(&self) -> model::Result<model::logs::LogQuery> {
+        Ok(model::logs::LogQuery {
+            cursor: (self.cursor_ms != 0).then(|| from_ms(self.cursor_ms)),
+            limit: if self.limit == 0 {
+                model::logs::MAX_LIMIT
+            } else {
+                self.limit
+            },
+            forward: !self.backward,
+            min_level: non_empty(&self.min_level)
+                .map(|l| model::logs::LogLevel::parse(&l))
+                .transpose()?,
+            search: non_empty(&self.search),
+        })
+    }
+
+    pub fn from_query(id: &str, q: &model::logs::LogQuery) -> Self {
+        super::LogsRequest {
+            id: id.to_string(),
+            cursor_ms: q.cursor.map(to_ms).unwrap_or(0),
+            limit: q.limit,
+            backward: !q.forward,
+            min_level: q
+                .min_level
+                .map(|l| l.as_str().to_string())
+                .unwrap_or_default(),
+            search: q.search.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl From<&model::logs::LogEntry> for super::LogEntry {
+    fn from(e: &model::logs::LogEntry) -> Self {
+        super::LogEntry {
+            at_ms: to_ms(e.at),
+            level: e.level.as_str().to_string(),
+            message: e.message.clone(),
+            fields: e
+                .fields
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+}
+
+impl From<super::LogEntry> for model::logs::LogEntry {
+    fn from(e: super::LogEntry) -> Self {
+        model::logs::LogEntry {
+            at: from_ms(e.at_ms),
+            level: model::logs::LogLevel::parse(&e.level).unwrap_or(model::logs::LogLevel::Info),
+            message: e.message,
+            fields: e.fields.into_iter().collect(),
+        }
+    }
+}

@@ -30,6 +30,19 @@ const ENVD_SOCKET: &str = "/.sandbox-gateway/envd.sock";
 
 /// Runs as pid 1; never returns.
 pub fn run(init_token: String, memory_bytes: u64, cpu_count: u32, egress: bool) -> ! {
+    // runsc hands the container a host file as its standard streams; nothing a sandbox writes
+    // may grow the host's disk, so they end here.
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&null);
+        for target in 0..=2 {
+            // SAFETY: dup2 onto the standard descriptors of this single-threaded process.
+            unsafe { libc::dup2(fd, target) };
+        }
+    }
     // The root is the sandbox's own (an overlay in its memory): give it fresh names and, with
     // egress, slirp4netns's resolver.
     let hostname = nix::unistd::gethostname()

@@ -45,6 +45,15 @@ pub struct SpawnSpec {
     pub deadline: Option<Instant>,
 }
 
+/// A command line cut for a log line.
+fn short(cmdline: &str) -> String {
+    const MAX: usize = 200;
+    match cmdline.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &cmdline[..i]),
+        None => cmdline.to_string(),
+    }
+}
+
 fn cstring(what: &str, bytes: &[u8]) -> Result<CString, ConnectError> {
     CString::new(bytes).map_err(|_| {
         ConnectError::new(
@@ -192,6 +201,8 @@ pub fn start(
         ));
     };
     envd.processes.insert(proc.clone());
+    // One line per command start and exit: the sandbox's log (e2b's logs routes) shows them.
+    tracing::info!(pid, user = %spec.user.name, cmd = %short(&cmdline), "process started");
 
     let (exited_tx, exited_rx) = watch::channel(false);
     let mut readers = Vec::new();
@@ -240,6 +251,7 @@ pub fn start(
             Ok(s) => end_event(s),
             Err(e) => failed_end(&format!("error waiting for the process: {e}")),
         };
+        tracing::info!(pid = p.pid, exit_code = end.exit_code, status = %end.status, "process exited");
         p.hub.end(end).await;
     });
     Ok((proc, first))

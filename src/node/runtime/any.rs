@@ -28,6 +28,7 @@ fn with<H: Clone>(inst: &Instance<AnyHandle>, handle: H) -> Instance<H> {
         dir: inst.dir.clone(),
         address: inst.address.clone(),
         handle,
+        logs: inst.logs.clone(),
     }
 }
 
@@ -154,5 +155,6 @@ fn with_handle<H>(i: Instance<H>, handle: AnyHandle) -> Instance<AnyHandle> {
         dir: i.dir,
         address: i.address,
         handle,
+        logs: i.logs,
     }
 }

@@ -255,7 +255,12 @@ impl BuiltinRuntime {
         Ok(cg)
     }
 
-    async fn start(&self, spec: &BootSpec<'_>, cg: &CgroupSet) -> Result<(i32, u64)> {
+    async fn start(
+        &self,
+        spec: &BootSpec<'_>,
+        cg: &CgroupSet,
+        logs: &crate::node::logs::Logs,
+    ) -> Result<(i32, u64)> {
         let mut cmd = tokio::process::Command::new(&self.cfg.agent.program);
         cmd.args(&self.cfg.agent.leading_args)
             .arg("agent")
@@ -271,13 +276,8 @@ impl BuiltinRuntime {
             )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(
-                if std::env::var_os("SANDBOX_GATEWAY_AGENT_STDERR").is_some() {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                },
-            );
+            // The sandbox's log: the supervisor's, init's and envd's lines.
+            .stderr(Stdio::piped());
         let procs = Cgroups::start_in(&mut cmd, cg, Some((self.reaper.lifeline(), LIFELINE_FD)))
             .map_err(io_err("opening the instance cgroups"))?;
         let mut child = cmd.spawn().map_err(io_err(format!(
@@ -285,6 +285,10 @@ impl BuiltinRuntime {
             self.cfg.agent.program.display()
         )))?;
         drop(procs);
+        if let Some(stderr) = child.stderr.take() {
+            let echo = std::env::var_os("SANDBOX_GATEWAY_AGENT_STDERR").is_some();
+            logs.collect(stderr, echo);
+        }
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let start_ticks = sys::proc_stat(pid).map(|s| s.start_ticks).unwrap_or(0);
         let stdout = child.stdout.take();
@@ -345,7 +349,8 @@ impl Runtime for BuiltinRuntime {
                 return Err(e);
             }
         };
-        match self.start(&spec, &cg).await {
+        let logs = crate::node::logs::Logs::default();
+        match self.start(&spec, &cg, &logs).await {
             Ok((pid, start_ticks)) => Ok(Instance {
                 id: spec.instance_id.to_string(),
                 dir: spec.dir.to_path_buf(),
@@ -356,6 +361,7 @@ impl Runtime for BuiltinRuntime {
                     cgroup: cg,
                     init_token,
                 },
+                logs,
             }),
             Err(e) => {
                 let cgroups = self.cgroups.clone();

@@ -35,6 +35,9 @@ pub struct Instance<H> {
     /// reaches it).
     pub address: String,
     pub handle: H,
+    /// The sandbox's log ring (not persisted: a restarted node starts a new one).
+    #[serde(skip)]
+    pub logs: crate::node::logs::Logs,
 }
 
 pub struct BootSpec<'a> {

@@ -14,8 +14,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from e2b import Sandbox, SandboxException, SandboxQuery, SandboxState
+from e2b import CommandExitException, Sandbox, SandboxException, SandboxQuery, SandboxState
 from e2b.exceptions import InvalidArgumentException, NotFoundException
+
 
 RETENTION = int(os.environ["PAUSED_RETENTION"])
 
@@ -163,3 +164,59 @@ def test_kill_is_the_default_and_options_the_gateway_cannot_keep_are_refused():
         )
     assert "filesystem" in str(e.value)
     assert len(Sandbox.list().next_items()) == before
+
+
+def test_logs_show_the_lifecycle_and_each_command():
+    # The SDKs ship generated clients for both log routes (the CLI uses them); drive those.
+    from e2b.api import ApiClient
+    from e2b.api.client.api.sandboxes import (
+        get_sandboxes_sandbox_id_logs as logs_v1,
+        get_v_2_sandboxes_sandbox_id_logs as logs_v2,
+    )
+    from e2b.api.client.models import LogLevel, LogsDirection
+    from e2b.connection_config import ConnectionConfig
+
+    api = ApiClient(ConnectionConfig())
+    sbx = Sandbox.create(timeout=60)
+    try:
+        sbx.commands.run("echo to-the-log; exit 0")
+        with pytest.raises(CommandExitException):
+            sbx.commands.run("exit 3")
+        sbx.pause()
+        Sandbox.connect(sbx.sandbox_id)
+        got = logs_v2.sync_detailed(sbx.sandbox_id, client=api)
+        assert got.status_code == 200, got.content
+        messages = [e.message for e in got.parsed.logs]
+        joined = "\n".join(messages)
+        # Boot lines (the sandbox's network helper's) may come first; then the claim.
+        claimed = [m for m in messages if m.startswith("claimed as team-a/")]
+        assert len(claimed) == 1, joined
+        assert any("process started" in m and "echo to-the-log" in m for m in messages), joined
+        assert any("process exited" in m and "exit_code=3" in m for m in messages), joined
+        order = [i for i, m in enumerate(messages) if m.startswith(("paused", "resumed"))]
+        assert [messages[i].split(";")[0] for i in order] == ["paused", "resumed"], joined
+        # Newest first from a cursor, filtered by level and text.
+        newest = logs_v2.sync_detailed(
+            sbx.sandbox_id, client=api, direction=LogsDirection.BACKWARD, limit=1
+        ).parsed.logs
+        assert newest[0].message.startswith("resumed"), newest
+        exits = logs_v2.sync_detailed(
+            sbx.sandbox_id, client=api, search="process exited", level=LogLevel.INFO
+        ).parsed.logs
+        assert exits and all("process exited" in e.message for e in exits)
+        later = int(got.parsed.logs[-1].timestamp.timestamp() * 1000) + 1
+        assert logs_v2.sync_detailed(sbx.sandbox_id, client=api, cursor=later).parsed.logs == []
+        # v1: lines and entries from `start` on.
+        v1 = logs_v1.sync_detailed(sbx.sandbox_id, client=api, start=0, limit=2)
+        assert v1.status_code == 200, v1.content
+        assert [l.line for l in v1.parsed.logs] == messages[:2]
+        assert len(v1.parsed.log_entries) == 2
+        bad = logs_v2.sync_detailed(sbx.sandbox_id, client=api, limit=0)
+        assert bad.status_code == 400, bad.content
+        other = ApiClient(ConnectionConfig(api_key=os.environ["E2B_OTHER_API_KEY"]))
+        assert logs_v2.sync_detailed(sbx.sandbox_id, client=other).status_code == 404
+    finally:
+        sbx.kill()
+    # A gone sandbox: not found.
+    gone = logs_v2.sync_detailed(sbx.sandbox_id, client=api)
+    assert gone.status_code == 404

@@ -467,6 +467,7 @@ impl Runtime for GvisorRuntime {
                         egress,
                         init_token,
                     },
+                    logs: Default::default(),
                 })
             }
             Err(e) => {
