@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -22,12 +22,6 @@ const ALLOWED_SKIPS: &[&str] = &[
 
 fn pytest(version: &str, files: &[&str], plugins: &[&str], env: &[(&str, String)]) {
     scenarios::pytest(version, files, plugins, env, ALLOWED_SKIPS);
-}
-
-fn keys(tmp: &Path) -> PathBuf {
-    let keys = tmp.join("api-keys");
-    std::fs::write(&keys, format!("{KEY_A} team-a\n{KEY_B} team-b\n")).unwrap();
-    keys
 }
 
 fn js(env: &[(&str, String)], preload: bool) {
@@ -68,7 +62,7 @@ async fn the_sdks_work_through_the_gateway_on_a_two_node_fleet() {
         "127.0.0.1:0",
         &["--pool", "base/egress=2"],
     );
-    let keys = keys(tmp.path());
+    let keys = api_keys_file(tmp.path());
     let data = tmp.path().join("gw");
     let mut gw = Proc::spawn(&serve_args(
         &data,
@@ -130,7 +124,7 @@ fn free_loopback_443() -> String {
 async fn the_sdks_work_in_the_domain_mode() {
     ensure_sdks();
     let (tmp, _) = workspace();
-    let keys = keys(tmp.path());
+    let keys = api_keys_file(tmp.path());
     let data = tmp.path().join("gw");
     let ip = free_loopback_443();
     let domain = "sandboxes.test";

@@ -121,11 +121,22 @@ async fn e2b_wire_contract() {
             Method::POST,
             "/v2/sandboxes",
             a,
-            Some(json!({"templateID": "base", "autoPause": true})),
+            Some(json!({"templateID": "base", "autoResume": {"enabled": true}})),
         )
         .await,
         400,
-        "autoPause",
+        "autoResume needs autoPause",
+    );
+    assert_error(
+        &gw.call(
+            Method::POST,
+            "/v2/sandboxes",
+            a,
+            Some(json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false})),
+        )
+        .await,
+        400,
+        "autoPauseMemory",
     );
     assert_error(
         &gw.call(
@@ -690,7 +701,7 @@ async fn e2b_wire_contract() {
     let mut t = Value::Null;
     for _ in 0..100 {
         t = gw.call(Method::GET, "/v2/templates", a, None).await.body;
-        if t[0]["spawnCount"].as_u64().unwrap_or(0) >= 1 {
+        if t[0]["spawnCount"].as_u64().unwrap_or(0) >= 5 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

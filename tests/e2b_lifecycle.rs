@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::*;
 
@@ -18,25 +17,18 @@ const RETENTION: &str = "10";
 async fn lifecycle_with_the_sdks() {
     ensure_sdks();
     let (tmp, _) = workspace();
-    let keys = tmp.path().join("api-keys");
-    std::fs::write(&keys, format!("{KEY_A} team-a\n{KEY_B} team-b\n")).unwrap();
-    let data = tmp.path().join("gw");
-    let mut gw = Proc::spawn(&serve_args(
-        &data,
+    let mut gw = Gateway::start(
+        tmp.path(),
         &[
-            "--api-keys",
-            &keys.display().to_string(),
             "--pool",
             "base/egress=2",
             "--paused-retention-seconds",
             RETENTION,
         ],
-    ));
-    let line = gw.wait_line("export E2B_SANDBOX_URL=", Duration::from_secs(60));
-    let url = line.rsplit('=').next().unwrap().trim().to_string();
+    );
     let env = vec![
-        ("E2B_API_URL", url.clone()),
-        ("E2B_SANDBOX_URL", url),
+        ("E2B_API_URL", gw.url.clone()),
+        ("E2B_SANDBOX_URL", gw.url.clone()),
         ("PAUSED_RETENTION", RETENTION.to_string()),
     ];
     tokio::task::block_in_place(|| {
@@ -50,6 +42,6 @@ async fn lifecycle_with_the_sdks() {
             &[],
         );
     });
-    gw.terminate();
-    assert_no_leaks(tmp.path(), &[data.join("node/sandboxes")]).await;
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
 }

@@ -484,8 +484,7 @@ async fn the_e2b_sdk_works_and_keeps_memory_on_gvisor() {
     }
     ensure_sdks();
     let (tmp, _) = workspace();
-    let keys = tmp.path().join("api-keys");
-    std::fs::write(&keys, format!("{KEY_A} team-a\n{KEY_B} team-b\n")).unwrap();
+    let keys = api_keys_file(tmp.path());
     let data = tmp.path().join("gw");
     let mut gw = Proc::spawn(&serve_args(
         &data,

@@ -32,11 +32,11 @@ use crate::proto;
 pub struct DispatcherConfig {
     /// Per-node deadline when looking a sandbox up.
     pub lookup_timeout: Duration,
-    /// Deadline for short node calls (pause, resume, release, renew, stats).
+    /// Deadline for short node calls (release, renew, stats).
     pub call_timeout: Duration,
     /// Deadline for a claim; a cold start boots an instance within it.
     pub claim_timeout: Duration,
-    /// Deadline for calls that copy a sandbox's state (fork, checkpoint, branch).
+    /// Deadline for calls that copy a sandbox's state (pause, resume, fork, checkpoint, branch).
     pub capture_timeout: Duration,
     /// Nodes asked at once when fanning out.
     pub fanout_concurrency: usize,
@@ -763,7 +763,8 @@ impl Dispatcher {
         let (node, record) = self.locate(namespace, id).await?;
         let mut c = node.conn().client();
         let r = proto::SandboxRef { id: record.id };
-        let t = self.inner.cfg.call_timeout;
+        // Pause and resume write or read a sandbox's memory on runtimes that capture it.
+        let t = self.inner.cfg.capture_timeout;
         let reply = if pause {
             node.conn()
                 .call("pause", Effect::Write, t, c.pause(r))

@@ -54,6 +54,7 @@ impl E2b {
             envd_access_token: self.access_token(record)?,
             domain: self.domain.clone(),
             allow_internet_access: record.key.net == "egress",
+            paused_until: record.paused.map(|p| p.until),
             lifecycle: wire::Lifecycle {
                 auto_resume: record.lifecycle.auto_resume,
                 on_timeout: record.lifecycle.on_timeout.as_str(),
@@ -68,8 +69,8 @@ pub fn listed(record: &SandboxRecord) -> wire::ListedSandbox {
         sandbox_id: sandbox_id(record),
         client_id: record.node.clone(),
         started_at: record.claimed_at,
-        // A paused sandbox's lease does not run; it ends when its paused retention does.
-        end_at: record.ends_at(),
+        // As on e2b, a paused sandbox's endAt is when it was paused (its lease does not run).
+        end_at: record.paused.map(|p| p.at).unwrap_or(record.deadline),
         cpu_count: record.cpu_count,
         memory_mb: record.memory_bytes / MIB,
         disk_size_mb: record.disk_bytes / MIB,

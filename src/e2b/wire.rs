@@ -75,6 +75,10 @@ pub struct SandboxDetail {
     pub domain: Option<String>,
     pub allow_internet_access: bool,
     pub lifecycle: Lifecycle,
+    /// While paused: when the node's paused retention ends and the sandbox is released
+    /// (not an e2b field; the SDKs ignore it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_until: Option<DateTime<Utc>>,
 }
 
 /// An item of `GET /v2/sandboxes` and `GET /sandboxes`.

@@ -2,7 +2,6 @@
 //! Verbs with several steps run as detached tasks, so a caller that goes away mid-call
 //! cannot leave a half-done claim or a leaked instance behind.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -41,24 +40,22 @@ fn key_of(key: Option<proto::PoolKey>) -> model::Result<model::PoolKey> {
         .to_model()
 }
 
-fn claim_spec(
-    ttl_seconds: u64,
-    claim_ref: String,
-    metadata: HashMap<String, String>,
-    env_vars: HashMap<String, String>,
-    on_timeout: &str,
-    auto_resume: bool,
-) -> model::Result<ClaimSpec> {
-    Ok(ClaimSpec {
-        ttl_seconds,
-        claim_ref,
-        metadata: metadata.into_iter().collect(),
-        env_vars: env_vars.into_iter().collect(),
-        lifecycle: model::Lifecycle {
-            on_timeout: model::OnTimeout::parse(on_timeout)?,
-            auto_resume,
-        },
-    })
+/// The claim spec of a ClaimRequest or ClaimCheckpointRequest (the same fields), taken out of
+/// the message.
+macro_rules! claim_spec {
+    ($r:expr) => {{
+        let r = &mut $r;
+        model::OnTimeout::parse(&r.on_timeout).map(|on_timeout| ClaimSpec {
+            ttl_seconds: r.ttl_seconds,
+            claim_ref: std::mem::take(&mut r.claim_ref),
+            metadata: std::mem::take(&mut r.metadata).into_iter().collect(),
+            env_vars: std::mem::take(&mut r.env_vars).into_iter().collect(),
+            lifecycle: model::Lifecycle {
+                on_timeout,
+                auto_resume: r.auto_resume,
+            },
+        })
+    }};
 }
 
 fn required_id(id: &str, what: &str) -> Result<(), Status> {
@@ -71,16 +68,9 @@ fn required_id(id: &str, what: &str) -> Result<(), Status> {
 #[tonic::async_trait]
 impl<R: Runtime> node_server::Node for NodeService<R> {
     async fn claim(&self, req: Request<proto::ClaimRequest>) -> Reply<proto::ClaimReply> {
-        let r = req.into_inner();
+        let mut r = req.into_inner();
+        let spec = claim_spec!(r)?;
         let key = key_of(r.key)?;
-        let spec = claim_spec(
-            r.ttl_seconds,
-            r.claim_ref,
-            r.metadata,
-            r.env_vars,
-            &r.on_timeout,
-            r.auto_resume,
-        )?;
         let node = self.node.clone();
         let (record, warm) = detached(async move { node.claim(&key, spec).await }).await?;
         Ok(Response::new(proto::ClaimReply {
@@ -93,16 +83,9 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
         &self,
         req: Request<proto::ClaimCheckpointRequest>,
     ) -> Reply<proto::ClaimReply> {
-        let r = req.into_inner();
+        let mut r = req.into_inner();
         required_id(&r.checkpoint_id, "checkpoint")?;
-        let spec = claim_spec(
-            r.ttl_seconds,
-            r.claim_ref,
-            r.metadata,
-            r.env_vars,
-            &r.on_timeout,
-            r.auto_resume,
-        )?;
+        let spec = claim_spec!(r)?;
         let node = self.node.clone();
         let record =
             detached(async move { node.claim_checkpoint(&r.checkpoint_id, spec).await }).await?;

@@ -10,6 +10,17 @@ use super::Proc;
 pub const KEY_A: &str = "e2b_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 pub const KEY_B: &str = "e2b_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
+/// `dir/api-keys` naming the two tenants: KEY_A for team-a, KEY_B for team-b.
+pub fn api_keys_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let keys = dir.join("api-keys");
+    std::fs::write(
+        &keys,
+        format!("# tenants\n{KEY_A} team-a\n{KEY_B} team-b\n"),
+    )
+    .unwrap();
+    keys
+}
+
 pub struct Gateway {
     pub proc: Proc,
     pub url: String,
@@ -33,12 +44,7 @@ impl Gateway {
     pub fn start_named(tmp: &std::path::Path, name: &str, extra: &[&str]) -> Gateway {
         let data = tmp.join(name);
         std::fs::create_dir_all(&data).unwrap();
-        let keys = tmp.join("api-keys");
-        std::fs::write(
-            &keys,
-            format!("# tenants\n{KEY_A} team-a\n{KEY_B} team-b\n"),
-        )
-        .unwrap();
+        let keys = api_keys_file(tmp);
         let mut args: Vec<String> = [
             "serve",
             "--e2b-listen",

@@ -20,7 +20,7 @@ pub mod sandbox;
 pub mod scenarios;
 
 #[allow(unused_imports)]
-pub use gateway::{Gateway, KEY_A, KEY_B, Reply};
+pub use gateway::{Gateway, KEY_A, KEY_B, Reply, api_keys_file};
 #[allow(unused_imports)]
 pub use sandbox::{Ran, SandboxClient};
 

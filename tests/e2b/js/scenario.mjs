@@ -199,7 +199,7 @@ scenario('create from an unknown template fails with 404', async () => {
 
 scenario('unsupported create options are refused with 400', async () => {
   const cases = {
-    lifecycle: { lifecycle: { onTimeout: 'pause' } },
+    filesystemAutoPause: { lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } },
     network: { network: { denyOut: ['0.0.0.0/0'] } },
     mcp: { mcp: { exa: { apiKey: 'x' } } },
     volumeMounts: { volumeMounts: { '/data': 'vol-' + RUN } },
@@ -334,21 +334,21 @@ scenario('timeouts beyond the 24 h maximum are refused', async () => {
   assertApprox(leaseSeconds(await sbx.getInfo()), 86_400, 5, 'lease at the maximum')
 })
 
-scenario('a lease that ends removes running and paused sandboxes', async () => {
+scenario('a lease that ends removes a running sandbox and keeps a paused one', async () => {
   const running = await create({ timeoutMs: 300_000, metadata: tag({ role: 'expiring' }) })
-  const paused = await create({ timeoutMs: 300_000, metadata: tag({ role: 'expiring' }) })
+  const paused = await create({ timeoutMs: 2_000, metadata: tag({ role: 'kept' }) })
   assert.equal(await paused.pause(), true)
   await running.setTimeout(1000)
-  await paused.setTimeout(1000)
+  // A paused sandbox's lease does not run: there is none to set.
+  await rejects(paused.setTimeout(1000), SandboxError, 409, 'timeout of a paused sandbox')
   const query = { metadata: tag({ role: 'expiring' }) }
   const deadline = Date.now() + 30_000 // generous: the lease is 1 s
   while ((await listAll({ query })).length && Date.now() < deadline) await sleep(200)
   assert.deepEqual(await listAll({ query }), [], 'sandboxes still listed 30 s after a 1 s lease')
-  for (const s of [running, paused]) {
-    await rejects(s.getInfo(), SandboxNotFoundError, undefined, 'expired getInfo')
-    await rejects(Sandbox.connect(s.sandboxId), SandboxNotFoundError, undefined, 'expired connect')
-    assert.equal(await s.kill(), false)
-  }
+  await rejects(running.getInfo(), SandboxNotFoundError, undefined, 'expired getInfo')
+  await rejects(Sandbox.connect(running.sandboxId), SandboxNotFoundError, undefined, 'expired connect')
+  assert.equal(await running.kill(), false)
+  assert.equal((await paused.getInfo()).state, 'paused', 'kept past its 2 s lease')
 })
 
 scenario('concurrent creates (more than the warm pool) all succeed', async () => {

@@ -265,11 +265,10 @@ def test_create_from_unknown_template_fails(cleanup):
 
 @pytest.mark.parametrize(
     "option",
-    ["lifecycle_pause", "network_rules", "mcp", "volume_mounts", "iam"],
+    ["network_rules", "mcp", "volume_mounts", "iam"],
 )
 def test_unsupported_create_options_are_refused(cleanup, option):
     kwargs = {
-        "lifecycle_pause": {"lifecycle": {"on_timeout": "pause"}},
         "network_rules": {"network": {"deny_out": ["0.0.0.0/0"]}},
         "mcp": {"mcp": {"exa": {"apiKey": "x"}}},
         "volume_mounts": {"volume_mounts": {"/data": "vol-" + RUN}},
@@ -445,23 +444,25 @@ def test_timeouts_beyond_the_maximum_are_refused(cleanup):
     assert lease_seconds(sbx.get_info()) == pytest.approx(86_400, abs=5)
 
 
-def test_lease_end_removes_running_and_paused_sandboxes(cleanup):
+def test_lease_end_removes_running_sandboxes_and_keeps_paused_ones(cleanup):
     running = cleanup.create(timeout=300, metadata=tag(role="expiring"))
-    paused = cleanup.create(timeout=300, metadata=tag(role="expiring"))
+    paused = cleanup.create(timeout=2, metadata=tag(role="kept"))
     assert paused.pause() is True
     running.set_timeout(1)
-    paused.set_timeout(1)
+    # A paused sandbox's lease does not run (lifecycle_scenarios.py covers its retention).
+    with pytest.raises(SandboxException):
+        paused.set_timeout(1)
     query = SandboxQuery(metadata=tag(role="expiring"))
     deadline = time.monotonic() + 30  # generous: the lease is 1 s
     while list_all(query) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list_all(query) == [], "sandboxes still listed 30 s after a 1 s lease"
-    for s in (running, paused):
-        with pytest.raises(SandboxNotFoundException):
-            s.get_info()
-        with pytest.raises(SandboxNotFoundException):
-            Sandbox.connect(s.sandbox_id)
-        assert s.kill() is False
+    with pytest.raises(SandboxNotFoundException):
+        running.get_info()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(running.sandbox_id)
+    assert running.kill() is False
+    assert paused.get_info().state == SandboxState.PAUSED, "kept past its 2 s lease"
 
 
 def test_set_timeout_of_unknown_sandbox():
