@@ -341,11 +341,20 @@ impl Daemon {
         self.child.id() as i32
     }
 
-    pub fn stop(mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        drop(self.dir);
+    /// SIGTERM, and waits until it has destroyed its sandboxes and exited.
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Daemon {
+    /// Also when a section fails half-way: no daemon (or sandbox) outlives the bench.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
     }
 }
 

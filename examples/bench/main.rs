@@ -252,11 +252,13 @@ fn render_summary(run: &Run) -> String {
             &mut o,
             "warm claim, direct to a node (p50)",
             ms(c.sequential.p50),
-            "sandboxd 0.2–0.7 ms; must stay ≤ 0.5 ms with the boundary",
-            if ms_f(c.sequential.p50) <= 0.5 {
-                "within or ahead"
-            } else {
-                "behind"
+            "sandboxd 0.2–0.7 ms; target ≤ 0.3 ms; must stay ≤ 0.5 ms with the boundary",
+            match ms_f(c.sequential.p50) {
+                p if p <= 0.3 => "meets the target",
+                p if p <= 0.5 => {
+                    "within sandboxd's range and the 0.5 ms bound; misses the 0.3 ms target"
+                }
+                _ => "misses the target",
             },
         );
     }
@@ -481,8 +483,17 @@ fn render_summary(run: &Run) -> String {
             "warm claims/s, 3 nodes vs 1",
             format!("{:.2}×", three.per_second / one.per_second.max(1e-9)),
             "—",
-            "measured with all nodes on this one machine, so it shows the dispatcher's overhead, not fleet scaling",
+            "all nodes on this one machine, where rounds that outlast the nodes' 20 ms refill delay compete with replacement boots: not fleet scaling",
         );
+    }
+    let missed: Vec<String> = o
+        .lines()
+        .filter(|l| l.ends_with("| misses the target |"))
+        .filter_map(|l| l.split(" | ").next())
+        .map(|f| f.trim_start_matches("| ").to_string())
+        .collect();
+    if !missed.is_empty() {
+        let _ = writeln!(o, "\nTargets this run misses: {}.", missed.join("; "));
     }
     let _ = writeln!(
         o,

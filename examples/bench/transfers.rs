@@ -85,9 +85,13 @@ pub struct Transfers {
     pub direct_down: Duration,
     pub big_mib: u64,
     pub big_took: Duration,
+    /// The gateway's RSS once the sandbox exists, before any transfer.
+    pub rss_start: u64,
     pub rss_before: u64,
     pub rss_peak: u64,
     pub rss_after: u64,
+    /// How many times the RSS was read during the large upload.
+    pub rss_samples: u64,
 }
 
 fn vm_rss(pid: i32) -> u64 {
@@ -139,6 +143,8 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
     });
     gateway.connect().await?;
     direct.connect().await?;
+    let pid = gw.pid();
+    let rss_start = vm_rss(pid);
     let block = block();
     // One uncounted round warms the page cache, the disk's allocation and the connections.
     raw_copy(&block, mib).await?;
@@ -161,7 +167,6 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
     .await?;
 
     // The large upload, with the gateway's RSS sampled every 5 ms on a thread of its own.
-    let pid = gw.pid();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_before = vm_rss(pid);
     let peak = Arc::new(AtomicU64::new(rss_before));
@@ -169,15 +174,18 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
     let sampler = {
         let (peak, stop) = (peak.clone(), stop.clone());
         std::thread::spawn(move || {
+            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 peak.fetch_max(vm_rss(pid), Ordering::Relaxed);
+                n += 1;
                 std::thread::sleep(Duration::from_millis(5));
             }
+            n
         })
     };
     let big = up(&mut gateway, "/home/user/big.bin", &block, big_mib).await;
     stop.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
+    let rss_samples = sampler.join().unwrap_or(0);
     let big_took = big?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_after = vm_rss(pid);
@@ -199,9 +207,11 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
         direct_down,
         big_mib,
         big_took,
+        rss_start,
         rss_before,
         rss_peak: peak.load(Ordering::Relaxed),
         rss_after,
+        rss_samples,
     })
 }
 
@@ -264,14 +274,19 @@ pub fn render(o: &mut String, t: &Transfers) {
     let _ = writeln!(
         o,
         "Gateway memory during a {} MiB upload through it (VmRSS of the `serve` process, which \
-         also runs the embedded node, sampled every 5 ms; \"after\" is 2 s after the upload \
-         finished): before **{:.1} MiB**, peak **{:.1} MiB**, after {:.1} MiB — growth \
-         **{:.1} MiB** (target < 32 MiB). The upload took {} ({:.0} MiB/s).\n",
+         also runs the embedded node, read {} times during the upload, with 5 ms pauses between reads; \
+         \"before\" is just before it, after the {} MiB transfers above; \"after\" is 2 s \
+         after it finished): before **{:.1} MiB**, peak **{:.1} MiB**, after {:.1} MiB — \
+         growth **{:.1} MiB** (target < 32 MiB). Before any transfer, once the sandbox \
+         existed, it was {:.1} MiB. The upload took {} ({:.0} MiB/s).\n",
         t.big_mib,
+        t.rss_samples,
+        t.mib,
         mib(t.rss_before),
         mib(t.rss_peak),
         mib(t.rss_after),
         mib(t.rss_peak.saturating_sub(t.rss_before)),
+        mib(t.rss_start),
         ms(t.big_took),
         throughput(t.big_mib, t.big_took)
     );
