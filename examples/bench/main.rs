@@ -488,7 +488,12 @@ fn render_summary(run: &Run) -> String {
     }
     let missed: Vec<String> = o
         .lines()
-        .filter(|l| l.ends_with("| misses the target |"))
+        .filter(|l| {
+            l.trim_end_matches(" |")
+                .rsplit(" | ")
+                .next()
+                .is_some_and(|verdict| verdict.contains("misses the"))
+        })
         .filter_map(|l| l.split(" | ").next())
         .map(|f| f.trim_start_matches("| ").to_string())
         .collect();
