@@ -323,6 +323,24 @@ pub struct SandboxArgs {
     /// Directory of templates [default: the node's DATA_DIR/templates]; nodes may share one.
     #[arg(long, env = "SANDBOX_GATEWAY_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
+    /// The runtime that builds sandboxes.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "builtin",
+        env = "SANDBOX_GATEWAY_RUNTIME"
+    )]
+    pub runtime: crate::node::config::RuntimeKind,
+    /// runsc for the gvisor runtime [default: found on PATH].
+    #[arg(long)]
+    pub runsc: Option<PathBuf>,
+    /// runsc's platform (ptrace works everywhere; systrap or kvm where the build and host allow).
+    #[arg(long, default_value = "ptrace")]
+    pub runsc_platform: String,
+    /// Disk all of the node's checkpoints (snapshots) may take together, in MiB; a snapshot
+    /// that would exceed it is refused.
+    #[arg(long, default_value_t = crate::node::config::DEFAULT_CHECKPOINT_BUDGET_MIB)]
+    pub checkpoint_budget_mib: u64,
 }
 
 impl SandboxArgs {
@@ -332,6 +350,12 @@ impl SandboxArgs {
         if let Some(d) = &self.templates_dir {
             node.templates_dir = Some(d.clone());
         }
+        node.runtime = crate::node::config::RuntimeChoice {
+            kind: self.runtime,
+            runsc: self.runsc.clone(),
+            runsc_platform: self.runsc_platform.clone(),
+        };
+        node.checkpoint_budget_bytes = self.checkpoint_budget_mib << 20;
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(
@@ -357,14 +381,34 @@ impl NodeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct AgentArgs {
     /// Serve envd on this address, outside any sandbox (for development and tests).
-    #[arg(long, required_unless_present = "boot")]
+    #[arg(long, required_unless_present_any = ["boot", "gvisor_init", "reap", "net_holder"])]
     pub listen: Option<String>,
+    /// Be the init of a gVisor sandbox (the gvisor runtime starts its sandboxes this way).
+    #[arg(long, conflicts_with_all = ["listen", "boot"])]
+    pub gvisor_init: bool,
+    /// The sandbox's memory, reported by envd (with --gvisor-init).
+    #[arg(long, requires = "gvisor_init", default_value_t = 512 << 20)]
+    pub memory_bytes: u64,
+    /// The sandbox's CPUs, reported by envd (with --gvisor-init).
+    #[arg(long, requires = "gvisor_init", default_value_t = 1)]
+    pub cpu_count: u32,
+    /// The sandbox has egress through slirp4netns (with --gvisor-init).
+    #[arg(long, requires = "gvisor_init")]
+    pub egress: bool,
     /// Build a sandbox from this boot spec and supervise it (the built-in runtime starts
     /// every sandbox this way).
     #[arg(long, conflicts_with = "listen")]
     pub boot: Option<PathBuf>,
-    /// The node's lifeline pipe (with --boot): the sandbox ends when it closes.
-    #[arg(long, requires = "boot")]
+    /// Be a node's reaper: end its sandboxes when its lifeline closes (every node starts one;
+    /// the argument describes the node's cgroups).
+    #[arg(long, conflicts_with_all = ["listen", "boot", "gvisor_init"], requires = "lifeline_fd")]
+    pub reap: Option<String>,
+    /// Hold a gVisor sandbox's network namespace (the gvisor runtime starts one per sandbox
+    /// with egress; the argument describes it).
+    #[arg(long, conflicts_with_all = ["listen", "boot", "gvisor_init", "reap"], requires = "lifeline_fd")]
+    pub net_holder: Option<String>,
+    /// The node's lifeline pipe (with --boot, --reap or --net-holder): the sandbox ends when it closes.
+    #[arg(long)]
     pub lifeline_fd: Option<i32>,
     /// The envd access token in force before any /init (every route but /health then needs it).
     #[arg(

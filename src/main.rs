@@ -159,6 +159,22 @@ fn main() -> ExitCode {
     let outcome = match cli.command.unwrap_or(Command::Serve(cli.serve)) {
         Command::Agent(a) => {
             init_logging("warn");
+            if a.gvisor_init {
+                sandbox_gateway::sandbox::gvisor_init::run(
+                    a.init_token.unwrap_or_default(),
+                    a.memory_bytes,
+                    a.cpu_count,
+                    a.egress,
+                );
+            }
+            if let (Some(spec), Some(fd)) = (&a.reap, a.lifeline_fd) {
+                let code = sandbox_gateway::node::runtime::reaper::run(spec, fd);
+                return ExitCode::from(code.clamp(0, 255) as u8);
+            }
+            if let (Some(spec), Some(fd)) = (&a.net_holder, a.lifeline_fd) {
+                let code = sandbox_gateway::sandbox::netholder::run(spec, fd);
+                return ExitCode::from(code.clamp(0, 255) as u8);
+            }
             if let Some(spec) = &a.boot {
                 let code = sandbox_gateway::sandbox::supervisor::run(spec, a.lifeline_fd);
                 return ExitCode::from(code.clamp(0, 255) as u8);

@@ -245,11 +245,11 @@ async fn the_size_tier_is_enforced() {
     let mut again = None;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        if let Ok(r) = c.run_as(None, "echo recovered") {
-            if r.stdout == "recovered\n" {
-                again = Some(r);
-                break;
-            }
+        if let Ok(r) = c.run_as(None, "echo recovered")
+            && r.stdout == "recovered\n"
+        {
+            again = Some(r);
+            break;
         }
     }
     assert!(again.is_some(), "commands run again after the flood");

@@ -599,6 +599,7 @@ fn full_inventory() -> inventory::NodeInventory {
             warm: 1,
             target: 2,
             booting: 0,
+            captures_memory: true,
         }],
         claimed: 1,
         paused: 1,

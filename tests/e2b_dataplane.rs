@@ -9,19 +9,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-
-const KEY_A: &str = "e2b_a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
-const KEY_B: &str = "e2b_b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
-
-fn keys(tmp: &Path) -> PathBuf {
-    let keys = tmp.join("api-keys");
-    std::fs::write(&keys, format!("{KEY_A} team-a\n{KEY_B} team-b\n")).unwrap();
-    keys
-}
 
 /// Skips a run may report: scenarios that cannot apply to the way it addresses sandboxes.
 const ALLOWED_SKIPS: &[&str] = &[
@@ -30,53 +20,14 @@ const ALLOWED_SKIPS: &[&str] = &[
     "skipped: domain mode only",
 ];
 
-/// Runs one scenario program with the SDK pointed at the gateway; fails with its output, or
-/// when it skipped anything it should have run.
-fn run(label: &str, program: &Path, args: &[&str], env: &[(&str, String)]) {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .current_dir(repo())
-        .env("E2B_API_KEY", KEY_A)
-        .env("E2B_OTHER_API_KEY", KEY_B)
-        .env("E2B_ENVD_USER", "user")
-        .env("PYTHONPATH", repo().join("tests/e2b/py"))
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_SANDBOX_URL")
-        .env_remove("E2B_DOMAIN");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run the scenarios");
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("--- {label} ---\n{text}");
-    assert!(out.status.success(), "{label} failed:\n{text}");
-    for line in text
-        .lines()
-        .filter(|l| l.contains("SKIPPED") || l.contains("# skipped"))
-    {
-        assert!(
-            ALLOWED_SKIPS.iter().any(|a| line.contains(a)),
-            "{label} skipped a scenario it should run: {line}"
-        );
-    }
+fn pytest(version: &str, files: &[&str], plugins: &[&str], env: &[(&str, String)]) {
+    scenarios::pytest(version, files, plugins, env, ALLOWED_SKIPS);
 }
 
-fn pytest(version: &str, files: &[&str], plugins: &[&str], env: &[(&str, String)]) {
-    let py = sdk_dir().join(format!("py-{version}/bin/python"));
-    let mut args = vec!["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"];
-    for p in plugins {
-        args.extend(["-p", p]);
-    }
-    let files: Vec<String> = files
-        .iter()
-        .map(|f| repo().join("tests/e2b/py").join(f).display().to_string())
-        .collect();
-    args.extend(files.iter().map(String::as_str));
-    run(&format!("python e2b {version} {files:?}"), &py, &args, env);
+fn keys(tmp: &Path) -> PathBuf {
+    let keys = tmp.join("api-keys");
+    std::fs::write(&keys, format!("{KEY_A} team-a\n{KEY_B} team-b\n")).unwrap();
+    keys
 }
 
 fn js(env: &[(&str, String)], preload: bool) {
@@ -90,7 +41,13 @@ fn js(env: &[(&str, String)], preload: bool) {
         args.push(resolve.as_str());
     }
     args.push(script.as_str());
-    run("js e2b 2.51.0", Path::new("node"), &args, env);
+    scenarios::run(
+        "js e2b 2.51.0",
+        Path::new("node"),
+        &args,
+        env,
+        ALLOWED_SKIPS,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -444,7 +444,10 @@ async fn pause_resume_fork_and_checkpoint_names() {
 
     // Checkpoint names: 63 characters fit, 64 do not, odd characters are refused.
     let ok = "a".repeat(63);
-    let ck = d.create_checkpoint(None, &parent.id, &ok).await.unwrap();
+    let ck = d
+        .create_checkpoint(None, &parent.id, &ok, false)
+        .await
+        .unwrap();
     assert!(ids::is_checkpoint_id(&ck.id));
     assert_eq!(ck.name, ok);
     for bad in [
@@ -453,7 +456,7 @@ async fn pause_resume_fork_and_checkpoint_names() {
         "has space".to_string(),
     ] {
         let e = d
-            .create_checkpoint(None, &parent.id, &bad)
+            .create_checkpoint(None, &parent.id, &bad, false)
             .await
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Invalid, "{bad}");
@@ -465,6 +468,7 @@ async fn pause_resume_fork_and_checkpoint_names() {
         .create_checkpoint(sandbox_gateway::proto::CreateCheckpointRequest {
             id: parent.id.clone(),
             name: "b".repeat(64),
+            memory: false,
         })
         .await
         .unwrap_err();
@@ -536,11 +540,11 @@ async fn checkpoints_survive_restarts_and_lost_claims_are_reported() {
         200
     );
     let ck = d
-        .create_checkpoint(None, &src.id, "team/before")
+        .create_checkpoint(None, &src.id, "team/before", false)
         .await
         .unwrap();
     let other = d
-        .create_checkpoint(None, &src.id, "elsewhere/x")
+        .create_checkpoint(None, &src.id, "elsewhere/x", false)
         .await
         .unwrap();
 

@@ -198,7 +198,10 @@ async fn images_import_and_templates_build_from_others() {
     let r = d.claim(claim_req("base")).await.unwrap().record;
     let c = SandboxClient::of(&r);
     c.run("head -c 4194304 /dev/urandom > /home/user/four-mib");
-    let ck = d.create_checkpoint(None, &r.id, "layer").await.unwrap();
+    let ck = d
+        .create_checkpoint(None, &r.id, "layer", false)
+        .await
+        .unwrap();
     assert!(
         ck.size_bytes >= 4 << 20 && ck.size_bytes < 64 << 20,
         "a checkpoint of {} bytes for a {} byte template",

@@ -78,7 +78,7 @@ pub async fn bench_verbs(sizes: &[u64], runs: usize) -> Res<Vec<VerbCosts>> {
             d.set_paused(None, &sb.id, false).await?;
             resume.push(t.elapsed());
             let t = Instant::now();
-            let ck = d.create_checkpoint(None, &sb.id, "").await?;
+            let ck = d.create_checkpoint(None, &sb.id, "", false).await?;
             snapshot.push(t.elapsed());
             captured = ck.size_bytes;
             d.delete_checkpoint(&ck.id, "").await?;

@@ -81,6 +81,9 @@ pub struct PoolCapacity {
     pub size: String,
     pub warm: u32,
     pub target: u32,
+    /// Whether snapshots and forks of these sandboxes hold their memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub captures_memory: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -231,6 +234,7 @@ impl NodeInventory {
                     size: p.key.size.clone(),
                     warm: p.warm,
                     target: p.target,
+                    captures_memory: p.captures_memory,
                 })
                 .collect(),
             entries,

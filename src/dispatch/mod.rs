@@ -808,11 +808,13 @@ impl Dispatcher {
         Ok(children)
     }
 
+    /// `memory`: the checkpoint must hold the sandbox's memory (refused where it cannot).
     pub async fn create_checkpoint(
         &self,
         namespace: Option<&str>,
         id: &str,
         name: &str,
+        memory: bool,
     ) -> Result<CheckpointRecord> {
         if !name.is_empty() {
             model::validate_checkpoint_name(name)?;
@@ -828,6 +830,7 @@ impl Dispatcher {
                 c.create_checkpoint(proto::CreateCheckpointRequest {
                     id: record.id,
                     name: name.to_string(),
+                    memory,
                 }),
             )
             .await?

@@ -50,6 +50,7 @@ mod tests {
                 warm,
                 target: warm,
                 booting: 0,
+                captures_memory: false,
             }],
             claimed,
             paused: 0,

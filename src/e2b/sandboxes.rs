@@ -558,11 +558,6 @@ pub async fn snapshot(
     body: OptionalBody<wire::SnapshotRequest>,
 ) -> ApiResult<HttpResponse> {
     let b = body.0;
-    if b.memory == Some(true) {
-        return Err(ApiError::bad_request(
-            "memory snapshots are not supported: a snapshot captures the sandbox's files; omit memory or set it to false",
-        ));
-    }
     let name = b.name.unwrap_or_default();
     let stamped = model::stamped_name(&tenant.namespace, &name);
     if stamped.len() > model::MAX_CHECKPOINT_NAME {
@@ -583,7 +578,7 @@ pub async fn snapshot(
     // snapshot any sandbox, and the snapshot is then the admin's).
     let ck = e2b
         .dispatcher
-        .create_checkpoint(tenant.scope(), &id, &stamped)
+        .create_checkpoint(tenant.scope(), &id, &stamped, b.memory == Some(true))
         .await?;
     let prefix = model::stamped_name(&tenant.namespace, "");
     Ok(ok_json(

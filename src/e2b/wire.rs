@@ -156,7 +156,8 @@ pub struct ForkResult {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct SnapshotRequest {
     pub name: Option<String>,
-    /// Snapshots capture the sandbox's files; `true` (memory) is refused.
+    /// `true` asks for the sandbox's memory too: accepted where its runtime captures memory
+    /// (gvisor, no internet access), refused with 400 elsewhere (the snapshot then holds files).
     pub memory: Option<bool>,
 }
 
@@ -218,6 +219,7 @@ pub struct Template {
     pub packages: Vec<String>,
     /// Beyond e2b's schema: how it was made (debian, derived, oci, host).
     pub kind: String,
-    /// Beyond e2b's schema: whether pause and snapshots of its sandboxes keep their memory.
+    /// Beyond e2b's schema: whether snapshots of its sandboxes can keep their memory (on the
+    /// gvisor runtime, for sandboxes without internet access).
     pub captures_memory: bool,
 }

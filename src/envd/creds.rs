@@ -3,6 +3,8 @@
 //! system-call level on Linux) around one blocking operation, so the kernel checks permissions
 //! as that user and new files and directories are owned by them, with no chown and no race.
 //! When envd is not root it can act only as itself, and asking for anyone else is an error.
+//! Kernels without filesystem ids (gVisor answers setfsuid with ENOSYS) get the thread's
+//! effective ids switched instead, keeping root as the saved id to switch back to.
 
 use std::sync::OnceLock;
 
@@ -76,16 +78,53 @@ fn thread_setgroups(groups: &[u32]) -> bool {
     unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) == 0 }
 }
 
-/// Restores envd's own filesystem identity on this thread when dropped, also on unwinding.
-struct Restore;
+/// Whether this kernel has filesystem ids. Linux's setfsuid never fails and returns the
+/// previous id (0 here, as root); a kernel without it returns -1.
+fn has_fsids() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    // SAFETY: an impossible id only reads the current fsuid.
+    *HAS.get_or_init(|| unsafe { libc::setfsuid(u32::MAX) } as u32 != u32::MAX)
+}
+
+/// setresuid/setresgid on this thread only (the raw system calls; glibc's wrappers change
+/// every thread). -1 keeps an id.
+fn thread_set_effective(uid: Option<u32>, gid: Option<u32>) -> bool {
+    let keep = u32::MAX as libc::c_ulong;
+    // SAFETY: plain system calls on integers.
+    unsafe {
+        if let Some(g) = gid
+            && libc::syscall(libc::SYS_setresgid, keep, g as libc::c_ulong, keep) != 0
+        {
+            return false;
+        }
+        if let Some(u) = uid
+            && libc::syscall(libc::SYS_setresuid, keep, u as libc::c_ulong, keep) != 0
+        {
+            return false;
+        }
+    }
+    true
+}
+
+/// Restores envd's own identity on this thread when dropped, also on unwinding: its
+/// filesystem ids, or (`effective`) its effective ids.
+struct Restore {
+    effective: bool,
+}
 
 impl Drop for Restore {
     fn drop(&mut self) {
         let (gid, groups) = own();
-        // SAFETY: setfsuid/setfsgid only change this thread's filesystem ids.
-        unsafe {
-            libc::setfsuid(0);
-            libc::setfsgid(*gid);
+        if !self.effective {
+            // SAFETY: setfsuid/setfsgid only change this thread's filesystem ids.
+            unsafe {
+                libc::setfsuid(0);
+                libc::setfsgid(*gid);
+            }
+        } else {
+            // Root first: it brings back the capabilities the gid and groups need.
+            thread_set_effective(Some(0), None);
+            thread_set_effective(None, Some(*gid));
         }
         thread_setgroups(groups);
     }
@@ -105,11 +144,20 @@ pub fn as_user<T>(id: &Identity, f: impl FnOnce() -> T) -> Result<T, CredsError>
             uid: id.uid,
         });
     }
-    let _restore = Restore;
+    let _restore = Restore {
+        effective: !has_fsids(),
+    };
     // Groups and gid first: once the fsuid is not 0 the thread loses the capabilities that
     // would let it change them.
     if !thread_setgroups(&id.groups) {
         return Err(CredsError::SwitchFailed(id.uid));
+    }
+    if !has_fsids() {
+        // The saved uid stays 0, so Restore can switch back.
+        if !thread_set_effective(None, Some(id.gid)) || !thread_set_effective(Some(id.uid), None) {
+            return Err(CredsError::SwitchFailed(id.uid));
+        }
+        return Ok(f());
     }
     // SAFETY: these only change this thread's filesystem ids; the previous value comes back
     // and a repeat call with an impossible id (-1) reads the current one.
@@ -182,5 +230,34 @@ mod tests {
         std::fs::write(dir.path().join("root-again"), b"y").unwrap();
         let meta = std::fs::metadata(dir.path().join("root-again")).unwrap();
         assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0);
+    }
+
+    #[test]
+    fn the_effective_id_fallback_switches_and_restores_when_root() {
+        if euid() != 0 {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let p = dir.path().join("made-by-nobody");
+        // On a thread of its own: the switch is per thread and this one ends afterwards.
+        std::thread::spawn(move || {
+            let _restore = Restore { effective: true };
+            assert!(thread_set_effective(None, Some(65534)));
+            assert!(thread_set_effective(Some(65534), None));
+            std::fs::write(&p, b"x").unwrap();
+            let meta = std::fs::metadata(&p).unwrap();
+            assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 65534);
+            drop(_restore);
+            // SAFETY: geteuid has no preconditions.
+            assert_eq!(unsafe { libc::geteuid() }, 0);
+            std::fs::write(p.with_extension("root"), b"y").unwrap();
+        })
+        .join()
+        .unwrap();
     }
 }

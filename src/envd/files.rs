@@ -304,16 +304,27 @@ where
         None => None,
     };
     let target = path.clone();
+    let existed = std::fs::symlink_metadata(&path).is_ok();
     let file = run_as(id.clone(), move || open_for_upload(&target)).await??;
     let mut f = tokio::fs::File::from_std(file);
-    if let Some(chunk) = first {
-        f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+    let written = async {
+        if let Some(chunk) = first {
+            f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+        }
+        while let Some(chunk) = data.next().await {
+            let chunk = chunk.map_err(Into::into)?;
+            f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+        }
+        f.flush().await.map_err(|e| write_error(&e))
     }
-    while let Some(chunk) = data.next().await {
-        let chunk = chunk.map_err(Into::into)?;
-        f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+    .await;
+    if let Err(e) = written {
+        // A file this upload created and could not finish is not left half-written.
+        if !existed {
+            let _ = std::fs::remove_file(&path);
+        }
+        return Err(e);
     }
-    f.flush().await.map_err(|e| write_error(&e))?;
     let std_file = f.into_std().await;
     let md = metadata.clone();
     run_as(id.clone(), move || write_metadata(&std_file, &md))

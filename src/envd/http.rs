@@ -168,6 +168,7 @@ pub fn router(envd: Arc<Envd>) -> axum::Router {
         .route("/files/compose", post(files::compose))
         .fallback_service(connect)
         .layer(middleware::from_fn_with_state(envd.clone(), require_token))
+        .layer(middleware::from_fn(super::drain::drain_unread))
         .with_state(envd)
 }
 

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod creds;
+mod drain;
 pub mod encoding;
 pub mod entry;
 pub mod errors;
@@ -52,11 +53,25 @@ pub struct EnvdConfig {
     pub cpu_count: Option<u32>,
 }
 
+/// Where envd accepts connections.
+pub enum Listener {
+    Tcp(std::net::TcpListener),
+    /// A Unix socket: what a gVisor sandbox's door reaches (gVisor cannot checkpoint a TCP
+    /// listener that an epoll instance watches, and envd's runtime uses epoll).
+    Unix(std::os::unix::net::UnixListener),
+}
+
+impl From<std::net::TcpListener> for Listener {
+    fn from(l: std::net::TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
 /// Serves envd on an already-bound listener until the process ends. Builds its own tokio
 /// runtime (the caller is a freshly forked, single-threaded process); calls `on_ready` once
 /// it accepts connections.
 pub fn run(
-    listener: std::net::TcpListener,
+    listener: impl Into<Listener>,
     cfg: EnvdConfig,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<()> {
@@ -69,7 +84,7 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| Error::io("starting the envd runtime", e))?;
-    rt.block_on(serve(listener, cfg, on_ready))
+    rt.block_on(serve(listener.into(), cfg, on_ready))
 }
 
 /// Makes `n` blocking threads exist at once (each waits for the others), so they stay idle.
@@ -89,19 +104,35 @@ async fn prewarm_blocking(n: usize) {
 }
 
 async fn serve(
-    listener: std::net::TcpListener,
+    listener: Listener,
     cfg: EnvdConfig,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<()> {
+    use axum::serve::ListenerExt;
     prewarm_blocking(PREWARMED_BLOCKING_THREADS).await;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io("configuring the envd listener", e))?;
-    let listener = tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| Error::io("registering the envd listener", e))?;
     let app = http::router(Arc::new(state::Envd::new(cfg)));
-    on_ready();
-    axum::serve(listener, app)
-        .await
-        .map_err(|e| Error::io("serving envd", e))
+    let configure = |e| Error::io("configuring the envd listener", e);
+    let register = |e| Error::io("registering the envd listener", e);
+    let served = match listener {
+        Listener::Tcp(l) => {
+            l.set_nonblocking(true).map_err(configure)?;
+            let l = tokio::net::TcpListener::from_std(l).map_err(register)?;
+            on_ready();
+            // Without TCP_NODELAY a command's first output waits out a delayed ACK (~40 ms).
+            axum::serve(
+                l.tap_io(|t| {
+                    let _ = t.set_nodelay(true);
+                }),
+                app,
+            )
+            .await
+        }
+        Listener::Unix(l) => {
+            l.set_nonblocking(true).map_err(configure)?;
+            let l = tokio::net::UnixListener::from_std(l).map_err(register)?;
+            on_ready();
+            axum::serve(l, app).await
+        }
+    };
+    served.map_err(|e| Error::io("serving envd", e))
 }

@@ -500,7 +500,7 @@ pub async fn verb(
             let r = facade.target(&ns, &name).await?;
             let ck = facade
                 .dispatcher
-                .create_checkpoint(Some(&ns), &r.id, &stamped)
+                .create_checkpoint(Some(&ns), &r.id, &stamped, false)
                 .await?;
             created(&SandboxSnapshotResult {
                 api_version: API_VERSION.into(),

@@ -180,6 +180,8 @@ pub struct PoolStatus {
     pub warm: u32,
     pub target: u32,
     pub booting: u32,
+    /// Whether snapshots and forks of the pool's sandboxes hold their memory.
+    pub captures_memory: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +215,8 @@ pub struct NodeInfo {
     pub template_info: Vec<TemplateInfo>,
     /// What the runtime isolates, for people.
     pub boundary: String,
-    /// Whether pause, snapshot and fork capture memory.
+    /// Whether pause, snapshot and fork capture memory for some of the node's sandboxes (which
+    /// ones: `PoolStatus::captures_memory`).
     pub captures_memory: bool,
 }
 

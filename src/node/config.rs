@@ -29,6 +29,42 @@ pub struct NodeConfig {
     pub ids: IdMap,
     /// Every sandbox's disk size instead of its tier's.
     pub disk_bytes: Option<u64>,
+    /// Which runtime builds sandboxes.
+    pub runtime: RuntimeChoice,
+    /// Bytes all checkpoints on this node may take together (memory checkpoints are large).
+    pub checkpoint_budget_bytes: u64,
+}
+
+/// The default checkpoint budget: 32 GiB.
+pub const DEFAULT_CHECKPOINT_BUDGET_MIB: u64 = 32 << 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeKind {
+    /// Linux namespaces, cgroups and seccomp on the host kernel (the default).
+    Builtin,
+    /// gVisor (runsc): its own kernel per sandbox; pause, snapshot and fork keep memory.
+    Gvisor,
+    /// gvisor when runsc is installed and works, else builtin.
+    Auto,
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeChoice {
+    pub kind: RuntimeKind,
+    /// runsc's path [default: found on PATH].
+    pub runsc: Option<PathBuf>,
+    /// runsc's platform: ptrace here; systrap or kvm on newer builds and hosts.
+    pub runsc_platform: String,
+}
+
+impl Default for RuntimeChoice {
+    fn default() -> Self {
+        RuntimeChoice {
+            kind: RuntimeKind::Builtin,
+            runsc: None,
+            runsc_platform: "ptrace".into(),
+        }
+    }
 }
 
 /// Sandbox root is this host uid by default: far above the ranges `/etc/subuid` hands out to
@@ -54,6 +90,8 @@ impl NodeConfig {
                 count: IdMap::COUNT,
             },
             disk_bytes: None,
+            runtime: RuntimeChoice::default(),
+            checkpoint_budget_bytes: DEFAULT_CHECKPOINT_BUDGET_MIB << 20,
         }
     }
 
@@ -76,6 +114,8 @@ pub struct Paths {
     pub scratch: PathBuf,
     /// Blank disk images, one per size.
     pub disks: PathBuf,
+    /// runsc's state (the gvisor runtime).
+    pub runsc: PathBuf,
 }
 
 impl Paths {
@@ -89,6 +129,7 @@ impl Paths {
             templates: templates.map_or_else(|| root.join("templates"), Path::to_path_buf),
             scratch: root.join("scratch"),
             disks: root.join("disks"),
+            runsc: root.join("runsc"),
         }
     }
 }

@@ -9,8 +9,12 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::config::BOOT_TIMEOUT;
+use super::config::RuntimeKind;
 use super::runtime::Runtime;
-use super::runtime::builtin::{AgentCommand, BuiltinConfig, BuiltinRuntime};
+use super::runtime::any::AnyRuntime;
+use super::runtime::builtin::{self, AgentCommand, BuiltinConfig, BuiltinRuntime};
+use super::runtime::gvisor::runsc::Runsc;
+use super::runtime::gvisor::{GvisorConfig, GvisorRuntime};
 use super::service::NodeService;
 use super::{Node, NodeConfig};
 use crate::model::{Error, Result, ids};
@@ -34,8 +38,65 @@ pub struct DaemonConfig {
 pub struct RunningNode {
     pub address: SocketAddr,
     pub data_address: SocketAddr,
-    node: Node<BuiltinRuntime>,
+    node: Node<AnyRuntime>,
     server: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+}
+
+/// The runtime the node was asked for; `auto` takes gvisor when runsc is installed.
+fn pick_runtime(
+    node: &super::NodeConfig,
+    paths: &super::Paths,
+    agent: AgentCommand,
+) -> Result<AnyRuntime> {
+    let choice = &node.runtime;
+    let tag = ids::stable_hash_hex(paths.root.as_os_str().as_encoded_bytes());
+    let runsc = match choice.kind {
+        RuntimeKind::Builtin => None,
+        RuntimeKind::Gvisor | RuntimeKind::Auto => Runsc::detect(
+            choice.runsc.as_deref(),
+            paths.runsc.clone(),
+            &choice.runsc_platform,
+        )?,
+    };
+    match (choice.kind, runsc) {
+        (RuntimeKind::Gvisor, None) => Err(Error::invalid(
+            "--runtime gvisor needs runsc (apt-get install runsc, or pass --runsc PATH)",
+        )),
+        (RuntimeKind::Gvisor | RuntimeKind::Auto, Some(runsc)) => {
+            println!(
+                "runtime: found {} at {}",
+                runsc.version,
+                runsc.path.display()
+            );
+            Ok(AnyRuntime::Gvisor(GvisorRuntime::new(GvisorConfig {
+                agent,
+                state_root: paths.sandboxes.clone(),
+                templates: paths.templates.clone(),
+                ids: node.ids,
+                tag,
+                boot_timeout: BOOT_TIMEOUT,
+                runsc,
+                node_lock: paths.lock.clone(),
+                slirp4netns: builtin::find_slirp4netns(),
+                blocked: builtin::blocked_ranges(),
+            })?))
+        }
+        (kind, _) => {
+            if kind == RuntimeKind::Auto {
+                println!("runtime: runsc is not installed; using the builtin runtime");
+            }
+            Ok(AnyRuntime::Builtin(BuiltinRuntime::new(BuiltinConfig {
+                agent,
+                state_root: paths.sandboxes.clone(),
+                disks: paths.disks.clone(),
+                tag,
+                ids: node.ids,
+                boot_timeout: BOOT_TIMEOUT,
+                disk_bytes: node.disk_bytes,
+                node_lock: paths.lock.clone(),
+            })?))
+        }
+    }
 }
 
 pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
@@ -72,19 +133,11 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
         .to_string();
     node_cfg.data_address = format!("{advertised_host}:{}", data_address.port());
     let paths = node_cfg.paths();
-    let lock = Node::<BuiltinRuntime>::lock_data_dir(&node_cfg)?;
+    let lock = Node::<AnyRuntime>::lock_data_dir(&node_cfg)?;
     let store = TemplateStore::new(&paths.templates, node_cfg.ids)?;
     let progress = |line: &str| println!("{line}");
     tokio::task::block_in_place(|| store.ensure_base(&progress))?;
-    let runtime = BuiltinRuntime::new(BuiltinConfig {
-        agent: cfg.agent,
-        state_root: paths.sandboxes.clone(),
-        disks: paths.disks.clone(),
-        tag: ids::stable_hash_hex(paths.root.as_os_str().as_encoded_bytes()),
-        ids: node_cfg.ids,
-        boot_timeout: BOOT_TIMEOUT,
-        disk_bytes: node_cfg.disk_bytes,
-    })?;
+    let runtime = pick_runtime(&node_cfg, &paths, cfg.agent)?;
     println!("runtime {}", runtime.describe());
     if !runtime.offers_egress() {
         let before = node_cfg.pools.len();
@@ -126,7 +179,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
 }
 
 impl RunningNode {
-    pub fn node(&self) -> &Node<BuiltinRuntime> {
+    pub fn node(&self) -> &Node<AnyRuntime> {
         &self.node
     }
 

@@ -115,7 +115,7 @@ impl<R: Runtime> Node<R> {
         port: u16,
         bearer: Option<&str>,
         fleet_token: &str,
-    ) -> Result<(TcpStream, tokio_util::sync::CancellationToken)> {
+    ) -> Result<(super::runtime::Conn, tokio_util::sync::CancellationToken)> {
         let id = ids::canonical_claim_id(sandbox)
             .ok_or_else(|| Error::not_found(format!("{sandbox:?} is not a sandbox id")))?;
         let bearer = bearer

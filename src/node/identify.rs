@@ -42,7 +42,7 @@ struct InitBody<'a> {
 }
 
 /// One HTTP/1.1 POST to the agent over a dialed connection.
-async fn post_init(stream: tokio::net::TcpStream, token: &str, body: Vec<u8>) -> Result<()> {
+async fn post_init(stream: super::runtime::Conn, token: &str, body: Vec<u8>) -> Result<()> {
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| Error::unavailable(format!("talking to the agent: {e}")))?;

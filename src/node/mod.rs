@@ -35,6 +35,8 @@ use crate::templates::{Template, TemplateStore};
 
 /// How many lost claims a node remembers and reports.
 const LOST_MEMORY: usize = 1000;
+/// How long a node waits for the data directory of a node that just ended.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const EVENT_BUFFER: usize = 4096;
 /// How long claim changes gather before the index is rewritten.
 const PERSIST_BATCH: std::time::Duration = std::time::Duration::from_millis(200);
@@ -179,13 +181,26 @@ impl<R: Runtime> Node<R> {
         let paths = cfg.paths();
         std::fs::create_dir_all(&paths.root)
             .map_err(io(format!("creating {}", paths.root.display())))?;
-        let lock = runtime::sys::lock_file(&paths.lock).map_err(|e| {
-            Error::unavailable(format!(
-                "data directory {} is in use by another node ({e})",
-                paths.root.display()
-            ))
-        })?;
-        Ok(DataDirLock(lock))
+        // A node that just died leaves its reaper holding the lock for a moment while it
+        // ends that node's sandboxes.
+        let started = std::time::Instant::now();
+        loop {
+            match runtime::sys::lock_file(&paths.lock) {
+                Ok(lock) => return Ok(DataDirLock(lock)),
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EWOULDBLOCK)
+                        && started.elapsed() < LOCK_WAIT =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => {
+                    return Err(Error::unavailable(format!(
+                        "data directory {} is in use by another node ({e})",
+                        paths.root.display()
+                    )));
+                }
+            }
+        }
     }
 
     pub async fn open(cfg: NodeConfig, runtime: R, lock: DataDirLock) -> Result<Self> {
@@ -492,6 +507,7 @@ impl<R: Runtime> Node<R> {
                     warm: p.warm.len() as u32,
                     target: p.target,
                     booting: p.booting,
+                    captures_memory: self.inner.runtime.captures_memory(&k.net),
                 })
                 .collect(),
             claimed: st.claims.len() as u32,
@@ -522,7 +538,9 @@ impl<R: Runtime> Node<R> {
                 .collect(),
             data_address: cfg.data_address.clone(),
             boundary: self.inner.runtime.describe(),
-            captures_memory: false,
+            captures_memory: ["none", "egress"]
+                .iter()
+                .any(|n| self.inner.runtime.captures_memory(n)),
             revision: st.revision,
             lost: st.lost.iter().cloned().collect(),
             runtime: self.inner.runtime.name().to_string(),

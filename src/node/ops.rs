@@ -325,18 +325,52 @@ impl<R: Runtime> Node<R> {
     }
 
     /// Copies the sandbox's state into a checkpoint (cost grows with the state's size).
-    pub async fn create_checkpoint(&self, id: &str, name: &str) -> Result<CheckpointRecord> {
+    /// `memory`: the checkpoint must hold the sandbox's memory (refused where the runtime
+    /// cannot capture it for the sandbox's net).
+    pub async fn create_checkpoint(
+        &self,
+        id: &str,
+        name: &str,
+        memory: bool,
+    ) -> Result<CheckpointRecord> {
         if !name.is_empty() {
             model::validate_checkpoint_name(name)?;
         }
         let (op, inst) = self.claim_handle(id)?;
         let _guard = op.lock_owned().await;
         let source = self.record_of(id)?;
+        if memory && !self.inner.runtime.captures_memory(&source.key.net) {
+            return Err(Error::invalid(format!(
+                "memory snapshots are not available for sandbox {id}: the {} runtime captures {} (a snapshot holds the sandbox's files); omit memory or set it to false",
+                self.inner.runtime.name(),
+                if ["none", "egress"]
+                    .iter()
+                    .any(|n| self.inner.runtime.captures_memory(n))
+                {
+                    "memory only for sandboxes without internet access"
+                } else {
+                    "no memory"
+                }
+            )));
+        }
         if self.state().closing {
             return Err(Error::unavailable(format!(
                 "node {:?} is shutting down",
                 self.name()
             )));
+        }
+        let budget = self.inner.cfg.checkpoint_budget_bytes;
+        let over_budget = |used: u64| {
+            Error::conflict(format!(
+                "node {:?} has no room for this snapshot: its checkpoints may take {} MiB and take {} MiB; delete snapshots first",
+                self.name(),
+                budget >> 20,
+                used >> 20
+            ))
+        };
+        let used = self.checkpoint_bytes();
+        if used >= budget {
+            return Err(over_budget(used));
         }
         let ck_id = ids::new_checkpoint_id();
         let dest = self.inner.paths.checkpoints.join(&ck_id);
@@ -345,6 +379,10 @@ impl<R: Runtime> Node<R> {
             .runtime
             .capture(&inst, source.phase == Phase::Paused, &dest)
             .await?;
+        if used + size > budget {
+            let _ = tokio::fs::remove_dir_all(&dest).await;
+            return Err(over_budget(used + size));
+        }
         let template_id = self
             .template(&source.key.template)
             .map(|t| t.meta.id)
@@ -368,6 +406,15 @@ impl<R: Runtime> Node<R> {
             return Err(e.context("recording the checkpoint"));
         }
         Ok(record)
+    }
+
+    /// Bytes the node's checkpoints take together.
+    fn checkpoint_bytes(&self) -> u64 {
+        self.state()
+            .checkpoints
+            .values()
+            .map(|c| c.size_bytes)
+            .sum()
     }
 
     /// Checkpoints, newest first.

@@ -150,7 +150,8 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
     ) -> Reply<proto::Checkpoint> {
         let r = req.into_inner();
         let node = self.node.clone();
-        let ck = detached(async move { node.create_checkpoint(&r.id, &r.name).await }).await?;
+        let ck =
+            detached(async move { node.create_checkpoint(&r.id, &r.name, r.memory).await }).await?;
         Ok(Response::new((&ck).into()))
     }
 

@@ -248,6 +248,7 @@ impl From<&model::NodeInfo> for super::NodeInfo {
                     warm: p.warm,
                     target: p.target,
                     booting: p.booting,
+                    captures_memory: p.captures_memory,
                 })
                 .collect(),
             claimed: i.claimed,
@@ -317,6 +318,7 @@ impl From<super::NodeInfo> for model::NodeInfo {
                         warm: p.warm,
                         target: p.target,
                         booting: p.booting,
+                        captures_memory: p.captures_memory,
                     })
                 })
                 .collect(),

@@ -1,11 +1,14 @@
-//! The sandbox boundary's own processes, as the built-in runtime starts them: the supervisor
-//! (host side, builds the namespaces) and the init (pid 1 inside, assembles the root and starts
-//! the agent). The node-side half of the runtime is `node::runtime::builtin`.
+//! The sandbox boundary's own processes. The built-in runtime starts a supervisor (host side,
+//! builds the namespaces) and an init (pid 1 inside, assembles the root and starts the agent);
+//! the gVisor runtime starts its own init inside runsc and, for egress, a network holder. The
+//! node-side halves are `node::runtime::builtin` and `node::runtime::gvisor`.
 
+pub mod gvisor_init;
 pub mod init;
 pub mod loopdev;
 pub mod mounts;
 pub mod net;
+pub mod netholder;
 pub mod seccomp;
 pub mod spec;
 pub mod supervisor;

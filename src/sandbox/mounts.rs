@@ -39,9 +39,9 @@ fn bind(src: &Path, dst: &Path, flags: MsFlags) -> io::Result<()> {
     Ok(())
 }
 
-/// Mounts the sandbox's root at `root` (relative to the current directory).
-pub fn assemble_root(kind: RootKind, memory_bytes: u64) -> io::Result<()> {
-    let root = Path::new(layout::ROOT);
+/// Stops mount events from propagating between this mount namespace and the one it was
+/// copied from.
+pub fn make_private() -> io::Result<()> {
     mount(
         None::<&str>,
         "/",
@@ -49,7 +49,13 @@ pub fn assemble_root(kind: RootKind, memory_bytes: u64) -> io::Result<()> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(err("making the mount namespace private"))?;
+    .map_err(err("making the mount namespace private"))
+}
+
+/// Mounts the sandbox's root at `root` (relative to the current directory).
+pub fn assemble_root(kind: RootKind, memory_bytes: u64) -> io::Result<()> {
+    let root = Path::new(layout::ROOT);
+    make_private()?;
     let disk = layout::DISK_MOUNT;
     // userxattr: overlay's bookkeeping lives in user.* attributes, which an unprivileged
     // (user-namespace) mount may write.

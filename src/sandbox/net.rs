@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::spec::BootSpec;
+use super::spec::Net;
 
 /// Ranges no sandbox may reach, whatever else its policy says: "this network", private,
 /// shared (carrier NAT), loopback, link-local, multicast and reserved IPv4 space. The host's
@@ -31,7 +31,49 @@ pub const ALWAYS_BLOCKED: &[&str] = &[
 /// slirp4netns's fixed network: the sandbox is 10.0.2.100, its gateway 10.0.2.2 (with host
 /// loopback forwarding disabled) and its resolver 10.0.2.3.
 pub const SLIRP_DNS: &str = "10.0.2.3";
+const SLIRP_GATEWAY: &str = "10.0.2.2";
 const SLIRP_SUBNET: &str = "10.0.2.0/24";
+
+/// How the blocked ranges are kept out of reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocking {
+    /// `prohibit` routes (the host kernel routes the sandbox's packets).
+    Prohibit,
+    /// Routes to the allowed space only (gVisor routes them; see `route_only_allowed`).
+    OnlyAllowed,
+}
+
+const SLIRP_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Equips the calling process's new network namespace for `net`: loopback and sysctls, and
+/// for egress slirp4netns (started in `host_netns`) with the blocked ranges out of reach.
+/// The returned slirp4netns lives as long as the value.
+pub fn equip(
+    net: Net,
+    slirp4netns: Option<&Path>,
+    blocked: &[String],
+    blocking: Blocking,
+    host_netns: &File,
+) -> io::Result<Option<Slirp>> {
+    let ctx =
+        |what: &'static str| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    setup_namespace().map_err(ctx("setting up the network namespace"))?;
+    match net {
+        Net::None => Ok(None),
+        Net::Egress => {
+            let program =
+                slirp4netns.ok_or_else(|| io::Error::other("net egress needs slirp4netns"))?;
+            let slirp = start_slirp(program, host_netns, SLIRP_READY_TIMEOUT)
+                .map_err(ctx("starting slirp4netns"))?;
+            match blocking {
+                Blocking::Prohibit => block_routes(blocked),
+                Blocking::OnlyAllowed => route_only_allowed(blocked),
+            }
+            .map_err(ctx("keeping private ranges out of reach"))?;
+            Ok(Some(slirp))
+        }
+    }
+}
 
 /// Brings loopback up and lets the sandbox bind low ports and ping: both are per-namespace
 /// sysctls that only the host can write, and neither reaches outside the namespace.
@@ -170,9 +212,9 @@ pub fn start_slirp(program: &Path, host_netns: &File, timeout: Duration) -> io::
 /// Makes every blocked range unroutable. A `prohibit` route is more specific than the default
 /// route through tap0, so packets to these ranges fail at once with EACCES; slirp's own
 /// subnet (gateway and resolver) stays reachable as the more specific connected route.
-pub fn block_routes(spec: &BootSpec) -> io::Result<()> {
+pub fn block_routes(blocked: &[String]) -> io::Result<()> {
     let mut batch = String::new();
-    for cidr in &spec.blocked {
+    for cidr in blocked {
         if cidr == SLIRP_SUBNET {
             continue;
         }
@@ -180,6 +222,24 @@ pub fn block_routes(spec: &BootSpec) -> io::Result<()> {
     }
     // IPv6 never reaches out (slirp4netns runs without it), but say so in the table too.
     batch.push_str("route replace prohibit ::/0\n");
+    ip_batch(&batch)
+}
+
+/// Replaces the default route with routes to everything but the blocked ranges. gVisor copies
+/// a namespace's routes into its own network stack when the sandbox starts but has no use for
+/// `prohibit` routes, so there the blocked ranges must be absent instead: with no route, a
+/// connection to them fails inside the sandbox and never reaches slirp4netns.
+pub fn route_only_allowed(blocked: &[String]) -> io::Result<()> {
+    let mut batch = String::from("route del default\n");
+    for cidr in allowed_prefixes(blocked) {
+        batch.push_str(&format!(
+            "route replace {cidr} via {SLIRP_GATEWAY} dev tap0\n"
+        ));
+    }
+    ip_batch(&batch)
+}
+
+fn ip_batch(batch: &str) -> io::Result<()> {
     let mut child = Command::new("ip")
         .args(["-batch", "-"])
         .stdin(Stdio::piped())
@@ -197,4 +257,157 @@ pub fn block_routes(spec: &BootSpec) -> io::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Parses `a.b.c.d/n` (or a bare address, as /32) into an inclusive range of addresses.
+fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
+    let (addr, bits) = match cidr.split_once('/') {
+        Some((a, b)) => (a, b.parse::<u32>().ok().filter(|b| *b <= 32)?),
+        None => (cidr, 32),
+    };
+    let ip = u32::from(addr.parse::<std::net::Ipv4Addr>().ok()?);
+    let mask = if bits == 0 {
+        0
+    } else {
+        u32::MAX << (32 - bits)
+    };
+    Some((ip & mask, (ip & mask) | !mask))
+}
+
+/// The IPv4 space outside `blocked`, as the fewest CIDR prefixes (entries that are not IPv4
+/// prefixes are ignored).
+pub fn allowed_prefixes(blocked: &[String]) -> Vec<String> {
+    let mut ranges: Vec<(u32, u32)> = blocked.iter().filter_map(|c| parse_cidr(c)).collect();
+    ranges.sort_unstable();
+    let mut out = Vec::new();
+    let mut next: u64 = 0; // first address not yet covered
+    let emit = |from: u64, to: u64, out: &mut Vec<String>| {
+        // Split [from, to] into aligned blocks, largest first.
+        let mut at = from;
+        while at <= to {
+            let align = if at == 0 {
+                32
+            } else {
+                at.trailing_zeros().min(32)
+            };
+            let mut size = align;
+            while size > 0 && at + (1u64 << size) - 1 > to {
+                size -= 1;
+            }
+            out.push(format!(
+                "{}/{}",
+                std::net::Ipv4Addr::from(at as u32),
+                32 - size
+            ));
+            at += 1u64 << size;
+        }
+    };
+    for (start, end) in ranges {
+        let (start, end) = (start as u64, end as u64);
+        if start > next {
+            emit(next, start - 1, &mut out);
+        }
+        next = next.max(end + 1);
+    }
+    if next <= u32::MAX as u64 {
+        emit(next, u32::MAX as u64, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn covered(prefixes: &[String], ip: &str) -> bool {
+        let ip = u32::from(ip.parse::<std::net::Ipv4Addr>().expect("address"));
+        prefixes
+            .iter()
+            .filter_map(|p| parse_cidr(p))
+            .any(|(a, b)| a <= ip && ip <= b)
+    }
+
+    #[test]
+    fn nothing_blocked_allows_everything_in_one_prefix() {
+        assert_eq!(allowed_prefixes(&[]), strings(&["0.0.0.0/0"]));
+    }
+
+    #[test]
+    fn one_half_blocked_leaves_the_other() {
+        assert_eq!(
+            allowed_prefixes(&strings(&["0.0.0.0/1"])),
+            strings(&["128.0.0.0/1"])
+        );
+        assert_eq!(
+            allowed_prefixes(&strings(&["128.0.0.0/1"])),
+            strings(&["0.0.0.0/1"])
+        );
+    }
+
+    #[test]
+    fn the_allowed_space_and_the_blocked_space_partition_ipv4() {
+        let mut blocked = strings(ALWAYS_BLOCKED);
+        blocked.extend(strings(&[
+            "203.0.113.7/32",
+            "198.51.100.0/24",
+            "not-a-prefix",
+            "::/0",
+        ]));
+        let allowed = allowed_prefixes(&blocked);
+        let size = |p: &String| {
+            let (a, b) = parse_cidr(p).expect("prefix");
+            b as u64 - a as u64 + 1
+        };
+        let mut all: Vec<(u32, u32)> = allowed
+            .iter()
+            .chain(blocked.iter())
+            .filter_map(|p| parse_cidr(p))
+            .collect();
+        all.sort_unstable();
+        for w in all.windows(2) {
+            assert!(w[0].1 < w[1].0, "overlap between {:?} and {:?}", w[0], w[1]);
+        }
+        let total: u64 = allowed.iter().map(size).sum::<u64>()
+            + blocked
+                .iter()
+                .filter(|p| parse_cidr(p).is_some())
+                .map(size)
+                .sum::<u64>();
+        assert_eq!(total, 1u64 << 32);
+        for ip in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "151.101.2.132",
+            "203.0.113.8",
+            "223.255.255.255",
+        ] {
+            assert!(covered(&allowed, ip), "{ip} should be reachable");
+        }
+        for ip in [
+            "10.1.2.3",
+            "127.0.0.1",
+            "169.254.169.254",
+            "172.20.0.1",
+            "192.168.1.1",
+            "203.0.113.7",
+            "198.51.100.9",
+            "100.64.0.1",
+            "224.0.0.1",
+            "0.1.2.3",
+        ] {
+            assert!(!covered(&allowed, ip), "{ip} should be unreachable");
+        }
+    }
+
+    #[test]
+    fn bare_addresses_and_bad_prefixes_parse_as_expected() {
+        assert_eq!(parse_cidr("1.2.3.4"), Some((0x01020304, 0x01020304)));
+        assert_eq!(parse_cidr("1.2.3.4/24"), Some((0x01020300, 0x010203ff)));
+        assert_eq!(parse_cidr("1.2.3.4/33"), None);
+        assert_eq!(parse_cidr("::/0"), None);
+    }
 }

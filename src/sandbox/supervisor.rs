@@ -16,15 +16,12 @@ use std::io::{self, Write};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::chown;
 use std::path::Path;
-use std::time::Duration;
 
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
 
-use super::spec::{BootSpec, Net, RootKind, layout};
-use super::{init, loopdev, net};
-
-const SLIRP_READY_TIMEOUT: Duration = Duration::from_secs(10);
+use super::spec::{BootSpec, RootKind, layout};
+use super::{init, loopdev, mounts, net};
 
 fn ctx(what: &'static str) -> impl FnOnce(io::Error) -> io::Error {
     move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
@@ -51,29 +48,15 @@ fn supervise(spec_path: &Path, lifeline: Option<RawFd>) -> io::Result<i32> {
     let host_netns = File::open("/proc/self/ns/net").map_err(ctx("opening the host netns"))?;
     unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET)
         .map_err(nix_ctx("creating the mount and network namespaces"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(nix_ctx("making the mount namespace private"))?;
+    mounts::make_private()?;
 
-    net::setup_namespace().map_err(ctx("setting up the network namespace"))?;
-    let _slirp = match spec.net {
-        Net::None => None,
-        Net::Egress => {
-            let program = spec
-                .slirp4netns
-                .as_deref()
-                .ok_or_else(|| io::Error::other("net egress needs slirp4netns"))?;
-            let slirp = net::start_slirp(program, &host_netns, SLIRP_READY_TIMEOUT)
-                .map_err(ctx("starting slirp4netns"))?;
-            net::block_routes(&spec).map_err(ctx("blocking private ranges"))?;
-            Some(slirp)
-        }
-    };
+    let _slirp = net::equip(
+        spec.net,
+        spec.slirp4netns.as_deref(),
+        &spec.blocked,
+        net::Blocking::Prohibit,
+        &host_netns,
+    )?;
     drop(host_netns);
 
     attach_disk(&spec)?;

@@ -358,13 +358,63 @@ impl TemplateStore {
         self.get(&meta.name)
     }
 
-    /// Removes staging directories an interrupted build left.
+    /// The template's root with the image's own ids (root is 0), for runtimes that map ids
+    /// themselves (gVisor's Sentry does). Made once per build of the template, beside it.
+    pub fn plain_root(&self, t: &Template) -> Result<PathBuf> {
+        let dir = self.dir.join(&t.meta.name);
+        let plain = dir.join("rootfs-plain");
+        let stamp = dir.join("rootfs-plain.id");
+        let current = |s: &Path| fs::read_to_string(s).is_ok_and(|id| id.trim() == t.meta.id);
+        if current(&stamp) && plain.is_dir() {
+            return Ok(plain);
+        }
+        let _lock = self.lock()?;
+        if current(&stamp) && plain.is_dir() {
+            return Ok(plain);
+        }
+        let tmp = dir.join(format!(".rootfs-plain-{}", ids::random_hex(4)));
+        let out = std::process::Command::new("cp")
+            .args(["-a", "--reflink=auto"])
+            .arg(&t.root)
+            .arg(&tmp)
+            .output()
+            .map_err(io("copying the template"))?;
+        if !out.status.success() {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(Error::internal(format!(
+                "copying the template failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        if let Err(e) = shift::shift_tree(&tmp, self.ids, shift::Shift::Out) {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(Error::io("giving the copy the image's ids", e));
+        }
+        let _ = fs::remove_dir_all(&plain);
+        fs::rename(&tmp, &plain).map_err(io("installing the copy"))?;
+        fs::write(&stamp, &t.meta.id).map_err(io("stamping the copy"))?;
+        Ok(plain)
+    }
+
+    /// Removes staging directories an interrupted build left (waiting for builds under way:
+    /// nodes may share the directory).
     pub fn clean_staging(&self) {
+        let Ok(_lock) = self.lock() else { return };
         if let Ok(entries) = fs::read_dir(&self.dir) {
             for e in entries.flatten() {
                 let n = e.file_name().to_string_lossy().to_string();
                 if n.starts_with(".staging-") || n.starts_with(".old-") {
                     let _ = fs::remove_dir_all(e.path());
+                }
+                // Half-made plain copies inside templates.
+                for inner in fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                    if inner
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with(".rootfs-plain-")
+                    {
+                        let _ = fs::remove_dir_all(inner.path());
+                    }
                 }
             }
         }

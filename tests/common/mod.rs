@@ -17,9 +17,11 @@ pub mod certs;
 pub mod fake_kube;
 pub mod gateway;
 pub mod sandbox;
+pub mod scenarios;
 
 #[allow(unused_imports)]
 pub use gateway::{Gateway, KEY_A, KEY_B, Reply};
+#[allow(unused_imports)]
 pub use sandbox::{Ran, SandboxClient};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-gateway");

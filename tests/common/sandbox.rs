@@ -2,7 +2,7 @@
 //! through the node's data plane (with the sandbox's own token), then plain HTTP/1.1 to envd
 //! or to any port of the sandbox. Commands go over envd's Connect protocol (JSON codec).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -149,9 +149,17 @@ impl SandboxClient {
         head.push_str("\r\n");
         s.write_all(head.as_bytes())
             .map_err(|e| (0, e.to_string()))?;
-        s.write_all(body).map_err(|e| (0, e.to_string()))?;
+        // A server may answer (507, 401) before it has read the whole body and close; its
+        // answer is what counts, so a failed write is not yet a failure.
+        let wrote = s.write_all(body);
         let mut r = BufReader::new(s);
-        let (status, headers) = read_head(&mut r).map_err(|e| (0, e.to_string()))?;
+        let (status, headers) = read_head(&mut r).map_err(|e| {
+            let why = wrote
+                .as_ref()
+                .err()
+                .map_or(e.to_string(), |w| w.to_string());
+            (0, why)
+        })?;
         let body = read_body(&mut r, &headers).map_err(|e| (0, e.to_string()))?;
         Ok(Answer {
             status,

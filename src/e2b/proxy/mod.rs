@@ -36,6 +36,8 @@ use crate::model::{ErrorKind, ids};
 const ROUTE_TTL: Duration = Duration::from_secs(60);
 /// Request-body chunks in flight between the client and the sandbox.
 const BODY_CHUNKS: usize = 8;
+/// How long the rest of a body is read after the sandbox has answered without it.
+const DRAIN_FOR: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 struct Route {
@@ -180,12 +182,24 @@ fn has_body(req: &HttpRequest) -> bool {
 /// The client's body, streamed to the sandbox with bounded buffering (back-pressure).
 fn request_body(mut payload: web::Payload) -> ProxyBody {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, io::Error>>(BODY_CHUNKS);
-    // The payload lives on this worker's thread; a local task feeds the channel.
+    // The payload lives on this worker's thread; a local task feeds the channel. When the
+    // sandbox answers before it has read everything, the rest is still read (and dropped) for
+    // a while: the client sends its whole body before it reads the answer, and closing on
+    // unread data would reset the connection under it.
     actix_web::rt::spawn(async move {
+        let mut answered_at: Option<std::time::Instant> = None;
         while let Some(chunk) = payload.next().await {
+            if let Some(at) = answered_at {
+                if at.elapsed() > DRAIN_FOR || chunk.is_err() {
+                    break;
+                }
+                continue;
+            }
             let item = chunk.map_err(|e| io::Error::other(e.to_string()));
             let failed = item.is_err();
-            if tx.send(item).await.is_err() || failed {
+            if tx.send(item).await.is_err() {
+                answered_at = Some(std::time::Instant::now());
+            } else if failed {
                 break;
             }
         }

@@ -233,19 +233,17 @@ impl Tunnels {
             port,
         };
         let mut req = req;
-        if !upgrade {
-            if let Some(mut sender) = self.take(&key) {
-                match sender.try_send_request(req).await {
-                    Ok(resp) => {
-                        self.recycle(key, sender);
-                        return Ok(resp);
-                    }
-                    Err(mut e) => match e.take_message() {
-                        // Never started: the connection was stale. Once more, on a fresh one.
-                        Some(r) => req = r,
-                        None => return Err(broken(e.into_error())),
-                    },
+        if !upgrade && let Some(mut sender) = self.take(&key) {
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    self.recycle(key, sender);
+                    return Ok(resp);
                 }
+                Err(mut e) => match e.take_message() {
+                    // Never started: the connection was stale. Once more, on a fresh one.
+                    Some(r) => req = r,
+                    None => return Err(broken(e.into_error())),
+                },
             }
         }
         let mut sender = Self::connect(node, sandbox, port, bearer, upgrade).await?;

@@ -6,7 +6,6 @@
 //! waits for the agent's "ready". Pause freezes the cgroup; a checkpoint or fork copies the
 //! sandbox's disk (its writable layer), not its memory.
 
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,12 +13,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::TcpStream;
 
 use super::cgroup::{CgroupSet, Cgroups, Limits};
 use super::dial::Dialer;
 use super::disk::{self, Disks};
-use super::{BootSpec, Instance, Runtime, Usage, sys};
+use super::reaper::{LIFELINE_FD, Reaper};
+use super::{BootSpec, Conn, Instance, Runtime, Usage, sys};
 use crate::model::{Error, Result, ids};
 use crate::sandbox::net::ALWAYS_BLOCKED;
 use crate::sandbox::spec::{self as boot, IdMap, Net, layout};
@@ -54,6 +53,8 @@ pub struct BuiltinConfig {
     pub boot_timeout: Duration,
     /// Every sandbox's disk size instead of its tier's (for small machines and tests).
     pub disk_bytes: Option<u64>,
+    /// The node's data-directory lock (see `Reaper`).
+    pub node_lock: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -73,13 +74,10 @@ pub struct BuiltinRuntime {
     dialer: Dialer,
     slirp4netns: Option<PathBuf>,
     blocked: Vec<String>,
-    /// Every supervisor inherits the read end; when the node exits for any reason the write
-    /// end closes and supervisors end their sandboxes.
-    lifeline_read: OwnedFd,
-    _lifeline_write: OwnedFd,
+    /// Every supervisor inherits the lifeline's read end; when the node exits for any reason
+    /// supervisors end their sandboxes, and the reaper ends what they could not.
+    reaper: Reaper,
 }
-
-const LIFELINE_FD: i32 = 4;
 
 fn io_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::io(what, e)
@@ -91,12 +89,25 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::internal(format!("runtime task failed: {e}")))?
 }
 
-fn which(program: &str) -> Option<PathBuf> {
+/// A program on PATH (or in the usual system directories).
+pub fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(PathBuf::from))
         .map(|d| d.join(program))
         .find(|p| p.is_file())
+}
+
+/// What no sandbox may reach: the always-blocked ranges and the host's own networks.
+pub fn blocked_ranges() -> Vec<String> {
+    let mut blocked: Vec<String> = ALWAYS_BLOCKED.iter().map(|s| s.to_string()).collect();
+    blocked.extend(host_networks());
+    blocked
+}
+
+/// slirp4netns, when it and `ip` (which sets up its routes) are both installed.
+pub fn find_slirp4netns() -> Option<PathBuf> {
+    which("slirp4netns").filter(|_| which("ip").is_some())
 }
 
 /// The host's own addresses and the networks it is attached to: a sandbox must not reach
@@ -153,11 +164,9 @@ impl BuiltinRuntime {
             )));
         }
         let disks = Disks::find(cfg.disks.clone()).map_err(io_err("preparing sandbox disks"))?;
-        let slirp4netns = which("slirp4netns").filter(|_| which("ip").is_some());
-        let mut blocked: Vec<String> = ALWAYS_BLOCKED.iter().map(|s| s.to_string()).collect();
-        blocked.extend(host_networks());
-        let (r, w) = sys::pipe().map_err(io_err("creating the sandbox lifeline"))?;
-        let lifeline_read = sys::dup_high(&r).map_err(io_err("creating the sandbox lifeline"))?;
+        let slirp4netns = find_slirp4netns();
+        let blocked = blocked_ranges();
+        let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
         let dialer = Dialer::new().map_err(io_err("starting the dial thread"))?;
         Ok(BuiltinRuntime {
             cfg,
@@ -166,8 +175,7 @@ impl BuiltinRuntime {
             dialer,
             slirp4netns,
             blocked,
-            lifeline_read,
-            _lifeline_write: w,
+            reaper,
         })
     }
 
@@ -248,11 +256,6 @@ impl BuiltinRuntime {
     }
 
     async fn start(&self, spec: &BootSpec<'_>, cg: &CgroupSet) -> Result<(i32, u64)> {
-        let procs: Vec<std::fs::File> = Cgroups::procs_files(cg)
-            .iter()
-            .map(|p| std::fs::OpenOptions::new().write(true).open(p))
-            .collect::<std::io::Result<_>>()
-            .map_err(io_err("opening the instance cgroups"))?;
         let mut cmd = tokio::process::Command::new(&self.cfg.agent.program);
         cmd.args(&self.cfg.agent.leading_args)
             .arg("agent")
@@ -275,28 +278,8 @@ impl BuiltinRuntime {
                     Stdio::null()
                 },
             );
-        let lifeline = self.lifeline_read.as_raw_fd();
-        let fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
-        // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe system calls on values prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                for &fd in &fds {
-                    // "0" moves the writing process itself into the cgroup.
-                    if libc::write(fd, b"0".as_ptr().cast(), 1) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                // dup2 clears close-on-exec on the target, so the lifeline survives the exec.
-                if libc::dup2(lifeline, LIFELINE_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        let procs = Cgroups::start_in(&mut cmd, cg, Some((self.reaper.lifeline(), LIFELINE_FD)))
+            .map_err(io_err("opening the instance cgroups"))?;
         let mut child = cmd.spawn().map_err(io_err(format!(
             "starting the supervisor {}",
             self.cfg.agent.program.display()
@@ -468,7 +451,7 @@ impl Runtime for BuiltinRuntime {
         sys::is_same_live_process(inst.handle.pid, inst.handle.start_ticks)
     }
 
-    async fn dial(&self, inst: &Instance<BuiltinHandle>, port: u16) -> Result<TcpStream> {
+    async fn dial(&self, inst: &Instance<BuiltinHandle>, port: u16) -> Result<Conn> {
         if !self.is_alive(inst) {
             return Err(Error::unavailable(format!(
                 "sandbox {} is not running",
@@ -476,10 +459,11 @@ impl Runtime for BuiltinRuntime {
             )));
         }
         let netns = PathBuf::from(format!("/proc/{}/ns/net", inst.handle.pid));
-        self.dialer
-            .connect(netns, port)
-            .await
-            .map_err(|e| Error::unavailable(format!("port {port} of sandbox {}: {e}", inst.id)))
+        let stream =
+            self.dialer.connect(netns, port).await.map_err(|e| {
+                Error::unavailable(format!("port {port} of sandbox {}: {e}", inst.id))
+            })?;
+        Ok(Box::new(stream))
     }
 
     fn init_token(&self, inst: &Instance<BuiltinHandle>) -> String {

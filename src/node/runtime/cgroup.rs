@@ -270,6 +270,46 @@ impl Cgroups {
         Ok(())
     }
 
+    /// Makes `cmd` start in a session of its own inside `set`: the child moves itself into
+    /// every hierarchy before it runs anything, so nothing it starts escapes the limits.
+    /// `keep` moves a descriptor onto a fixed number in the child (a lifeline, say). The
+    /// returned files must stay open until the command has been spawned.
+    pub fn start_in(
+        cmd: &mut tokio::process::Command,
+        set: &CgroupSet,
+        keep: Option<(std::os::fd::RawFd, std::os::fd::RawFd)>,
+    ) -> io::Result<Vec<fs::File>> {
+        use std::os::fd::AsRawFd;
+        let procs: Vec<fs::File> = Self::procs_files(set)
+            .iter()
+            .map(|p| fs::OpenOptions::new().write(true).open(p))
+            .collect::<io::Result<_>>()?;
+        let fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe system calls on values prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                for &fd in &fds {
+                    // "0" moves the writing process itself into the cgroup.
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // dup2 clears close-on-exec on the target, so the descriptor survives exec.
+                if let Some((from, to)) = keep
+                    && libc::dup2(from, to) < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(procs)
+    }
+
     pub fn procs_files(set: &CgroupSet) -> Vec<PathBuf> {
         set.dirs
             .iter()
@@ -392,18 +432,18 @@ impl Cgroups {
             })
         };
         for (kind, dir) in &set.dirs {
+            // Memory in use, not counting page cache the kernel can drop at once (what
+            // `docker stats` reports too).
+            let used = |usage: &str, inactive: &str| {
+                let total = read(dir.join(usage))?.trim().parse::<u64>().ok()?;
+                let cache = read(dir.join("memory.stat"))
+                    .and_then(|s| stat_value(&s, inactive))
+                    .unwrap_or(0);
+                Some(total.saturating_sub(cache))
+            };
             match kind {
                 Kind::V2 => {
-                    if let Some(t) = read(dir.join("memory.current")) {
-                        let inactive = read(dir.join("memory.stat"))
-                            .and_then(|s| stat_value(&s, "inactive_file"))
-                            .unwrap_or(0);
-                        m.memory_bytes = t
-                            .trim()
-                            .parse::<u64>()
-                            .ok()
-                            .map(|v| v.saturating_sub(inactive));
-                    }
+                    m.memory_bytes = used("memory.current", "inactive_file");
                     if let Some(t) = read(dir.join("cpu.stat")) {
                         m.cpu_ns = stat_value(&t, "usage_usec").map(|us| us * 1000);
                     }
@@ -415,16 +455,7 @@ impl Cgroups {
                     }
                 }
                 Kind::V1Memory => {
-                    if let Some(t) = read(dir.join("memory.usage_in_bytes")) {
-                        let inactive = read(dir.join("memory.stat"))
-                            .and_then(|s| stat_value(&s, "total_inactive_file"))
-                            .unwrap_or(0);
-                        m.memory_bytes = t
-                            .trim()
-                            .parse::<u64>()
-                            .ok()
-                            .map(|v| v.saturating_sub(inactive));
-                    }
+                    m.memory_bytes = used("memory.usage_in_bytes", "total_inactive_file");
                     m.oom_kills = read(dir.join("memory.oom_control"))
                         .and_then(|t| stat_value(&t, "oom_kill"));
                 }

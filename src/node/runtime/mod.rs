@@ -2,20 +2,28 @@
 //! freezes, captures, reaches and destroys instances. The default is `builtin` (Linux
 //! namespaces, cgroups, seccomp); others implement the same trait.
 
+pub mod any;
 pub mod builtin;
 pub mod cgroup;
 pub mod dial;
 pub mod disk;
+pub mod gvisor;
+pub mod reaper;
 pub mod sys;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use serde::{Serialize, de::DeserializeOwned};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::model::{PoolKey, Result};
 use crate::templates::Template;
+
+/// A byte stream into an instance (TCP into its network namespace, or its door socket).
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+pub type Conn = Box<dyn Io>;
 
 /// A running instance: its directory on the node and the runtime's handle.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -62,6 +70,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// What isolates what, for the startup log.
     fn describe(&self) -> String;
 
+    /// Whether capture and boots from a capture keep the memory (the processes continue) of
+    /// instances with this net, not only their files.
+    fn captures_memory(&self, _net: &str) -> bool {
+        false
+    }
+
     fn boot(
         &self,
         spec: BootSpec<'_>,
@@ -93,7 +107,7 @@ pub trait Runtime: Send + Sync + 'static {
         &self,
         inst: &Instance<Self::Handle>,
         port: u16,
-    ) -> impl Future<Output = Result<TcpStream>> + Send;
+    ) -> impl Future<Output = Result<Conn>> + Send;
 
     /// The secret the instance's agent wants on `/init`.
     fn init_token(&self, inst: &Instance<Self::Handle>) -> String;

@@ -1,0 +1,680 @@
+//! The gVisor runtime: every sandbox is a runsc container whose kernel is gVisor's Sentry
+//! (the host kernel only sees the Sentry's few system calls), started from an OCI bundle over
+//! the template's root with the agent as init, inside the sandbox's cgroups. Its verbs capture
+//! memory: pause writes a checkpoint (memory, processes, open files) to the node's disk and
+//! stops the sandbox; resume restores it; snapshot and fork restore copies of one checkpoint.
+//! The node reaches the sandbox only through its door, a Unix socket in a directory it shares
+//! with it (see `crate::sandbox::gvisor_init`).
+
+pub mod bundle;
+pub mod holder;
+pub mod runsc;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::builtin::AgentCommand;
+use super::cgroup::{CgroupSet, Cgroups, Limits};
+use super::reaper::Reaper;
+use super::{BootSpec, Conn, Instance, Runtime, Usage};
+use crate::model::{Error, Result, ids};
+use crate::sandbox::gvisor_init::{DOOR, GENERATION};
+use crate::sandbox::netholder::HolderSpec;
+use crate::sandbox::spec::{IdMap, Net};
+use crate::templates::TemplateStore;
+use holder::Holder;
+use runsc::Runsc;
+
+#[derive(Debug, Clone)]
+pub struct GvisorConfig {
+    pub agent: AgentCommand,
+    pub state_root: PathBuf,
+    pub templates: PathBuf,
+    pub ids: IdMap,
+    pub tag: String,
+    pub boot_timeout: Duration,
+    pub runsc: Runsc,
+    /// The node's data-directory lock (see `Reaper`).
+    pub node_lock: PathBuf,
+    /// For egress; without it sandboxes have loopback only.
+    pub slirp4netns: Option<PathBuf>,
+    /// What no sandbox may reach (see `crate::sandbox::net`).
+    pub blocked: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GvisorHandle {
+    pub cgroup: CgroupSet,
+    /// Whether the sandbox has egress (a network holder each time it runs).
+    #[serde(default)]
+    pub egress: bool,
+    /// What the agent's /init requires (kept across checkpoints: it is in the agent's memory).
+    pub init_token: String,
+}
+
+/// What changes while a sandbox lives: the runsc container that runs it, or the image it is
+/// paused in.
+struct Live {
+    container: Option<String>,
+    paused: bool,
+    /// Paused by freezing in place (`runsc pause`) rather than by a checkpoint.
+    frozen: bool,
+    /// A pause, resume or capture is under way: between a checkpoint and its restore the
+    /// sandbox has no processes, and that is not death.
+    busy: bool,
+    /// The network namespace of the running container (egress only).
+    holder: Option<Holder>,
+}
+
+/// Written beside a checkpoint image: what a restore of it needs.
+#[derive(Serialize, Deserialize)]
+struct ImageMeta {
+    init_token: String,
+}
+
+const IMAGE_META: &str = "sandbox.json";
+const IMAGE_DIR: &str = "paused";
+
+pub struct GvisorRuntime {
+    cfg: GvisorConfig,
+    cgroups: Cgroups,
+    store: TemplateStore,
+    libs: Vec<PathBuf>,
+    loader: PathBuf,
+    live: Mutex<HashMap<String, Live>>,
+    /// Ends the runsc processes of every sandbox if the node dies; network holders watch its
+    /// lifeline too.
+    reaper: Reaper,
+}
+
+fn io_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(what, e)
+}
+
+/// The shared libraries this binary needs and its ELF loader, as `ldd` resolves them.
+fn linked_libraries(binary: &Path) -> Result<(Vec<PathBuf>, PathBuf)> {
+    let out = std::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(io_err("running ldd"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut libs = Vec::new();
+    let mut loader = None;
+    for line in text.lines() {
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            let p = PathBuf::from(p);
+            if line.contains("ld-linux") {
+                loader = Some(p.clone());
+            }
+            libs.push(p);
+        }
+    }
+    let loader = loader.ok_or_else(|| {
+        Error::internal(format!("ldd found no ELF loader for {}", binary.display()))
+    })?;
+    Ok((libs, loader))
+}
+
+impl GvisorRuntime {
+    pub fn new(cfg: GvisorConfig) -> Result<Self> {
+        if !super::sys::is_root() {
+            return Err(Error::invalid(
+                "the gvisor runtime needs root (runsc runs sandboxes as root)",
+            ));
+        }
+        let cgroups = Cgroups::detect(&cfg.tag).ok_or_else(|| {
+            Error::invalid(
+                "no cgroup file system is mounted; sandboxes need cgroups for their limits",
+            )
+        })?;
+        let (libs, loader) = linked_libraries(&cfg.agent.program)?;
+        let store = TemplateStore::new(&cfg.templates, cfg.ids)?;
+        let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
+        Ok(GvisorRuntime {
+            reaper,
+            cfg,
+            cgroups,
+            store,
+            libs,
+            loader,
+            live: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether sandboxes with net `egress` can be made here.
+    pub fn offers_egress(&self) -> bool {
+        self.cfg.slirp4netns.is_some()
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the sandbox busy until the guard is dropped (see `Live::busy`).
+    fn busy<'a>(&'a self, id: &'a str) -> Busy<'a> {
+        if let Some(l) = self.live().get_mut(id) {
+            l.busy = true;
+        }
+        Busy { rt: self, id }
+    }
+
+    fn door(dir: &Path) -> PathBuf {
+        dir.join("run").join(DOOR)
+    }
+
+    fn container(&self, inst: &Instance<GvisorHandle>) -> Option<String> {
+        self.live().get(&inst.id).and_then(|l| l.container.clone())
+    }
+
+    /// A new generation tells the sandbox's init that it may open its door again.
+    fn bump_generation(dir: &Path) -> Result<()> {
+        std::fs::write(dir.join("run").join(GENERATION), ids::random_hex(8))
+            .map_err(io_err("writing the door generation"))
+    }
+
+    /// Waits until the door answers.
+    async fn wait_door(&self, dir: &Path, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let door = Self::door(dir);
+        loop {
+            if let Ok(mut s) = UnixStream::connect(&door).await {
+                let mut buf = [0u8; 5];
+                if s.write_all(b"PING\n").await.is_ok()
+                    && s.read_exact(&mut buf).await.is_ok()
+                    && &buf == b"PONG\n"
+                {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::unavailable(format!(
+                    "the sandbox in {} did not open its door within {timeout:?}",
+                    dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    }
+
+    /// Asks the sandbox whether a checkpoint would succeed (see `gvisor_init::unsaveable`):
+    /// None if so, else why not.
+    async fn unsaveable(&self, dir: &Path) -> Result<Option<String>> {
+        let mut s = UnixStream::connect(Self::door(dir))
+            .await
+            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
+        s.write_all(b"SAVEABLE\n")
+            .await
+            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
+        let mut answer = String::new();
+        tokio::io::BufReader::new(s)
+            .read_line(&mut answer)
+            .await
+            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
+        match answer.trim().split_once(' ').unwrap_or((answer.trim(), "")) {
+            ("OK", _) => Ok(None),
+            ("NO", why) => Ok(Some(why.to_string())),
+            _ => Err(Error::unavailable(format!(
+                "the sandbox gave an unexpected answer: {:?}",
+                answer.trim()
+            ))),
+        }
+    }
+
+    /// Closes the sandbox's door and cuts its connections: gVisor cannot checkpoint a sandbox
+    /// that holds host sockets.
+    async fn quiesce(&self, dir: &Path) -> Result<()> {
+        let mut s = UnixStream::connect(Self::door(dir))
+            .await
+            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
+        s.write_all(b"QUIESCE\n")
+            .await
+            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
+        let mut ok = [0u8; 3];
+        s.read_exact(&mut ok)
+            .await
+            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
+        // The init closes its end; give the Sentry a moment to drop the host socket.
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok(())
+    }
+
+    /// Checkpoints the running sandbox into `image` (it stops) and forgets its container.
+    async fn checkpoint_to(&self, inst: &Instance<GvisorHandle>, image: &Path) -> Result<u64> {
+        let container = self
+            .container(inst)
+            .ok_or_else(|| Error::conflict(format!("sandbox {} is not running", inst.id)))?;
+        self.quiesce(&inst.dir).await?;
+        std::fs::create_dir_all(image).map_err(io_err("creating the checkpoint directory"))?;
+        let made = self.cfg.runsc.checkpoint(image, &container).await;
+        let _ = self.cfg.runsc.delete(&container).await;
+        if let Some(l) = self.live().get_mut(&inst.id) {
+            l.container = None;
+            // The stopped sandbox's namespace has served its start (see `netholder`).
+            l.holder = None;
+        }
+        made?;
+        let meta = serde_json::to_vec(&ImageMeta {
+            init_token: inst.handle.init_token.clone(),
+        })
+        .map_err(|e| Error::internal(format!("encoding the image description: {e}")))?;
+        std::fs::write(image.join(IMAGE_META), meta)
+            .map_err(io_err("describing the checkpoint"))?;
+        Ok(crate::fsx::tree_disk_usage(image).unwrap_or(0))
+    }
+
+    /// Starts the sandbox of `dir`, fresh or from `image`, and waits for its door. With egress
+    /// it first gets a new network holder, which is returned with the container's name.
+    async fn launch(
+        &self,
+        inst_id: &str,
+        dir: &Path,
+        image: Option<&Path>,
+        cg: &CgroupSet,
+        egress: bool,
+    ) -> Result<(String, Option<Holder>)> {
+        Self::bump_generation(dir)?;
+        let holder = if egress {
+            let slirp4netns = self.cfg.slirp4netns.clone().ok_or_else(|| {
+                Error::invalid("net egress needs slirp4netns (apt-get install slirp4netns)")
+            })?;
+            let spec = HolderSpec {
+                slirp4netns,
+                blocked: self.cfg.blocked.clone(),
+            };
+            let h = Holder::start(
+                &self.cfg.agent,
+                &spec,
+                cg,
+                self.reaper.lifeline(),
+                self.cfg.boot_timeout,
+            )
+            .await?;
+            bundle::join_netns(&dir.join("bundle"), &h.netns())?;
+            Some(h)
+        } else {
+            None
+        };
+        let container = format!("{inst_id}-{}", ids::random_hex(3));
+        let bundle = dir.join("bundle");
+        match image {
+            Some(image) => {
+                self.cfg
+                    .runsc
+                    .restore(image, &bundle, &container, cg, egress)
+                    .await?
+            }
+            None => self.cfg.runsc.run(&bundle, &container, cg, egress).await?,
+        }
+        if let Err(e) = self.wait_door(dir, self.cfg.boot_timeout).await {
+            let _ = self.cfg.runsc.delete(&container).await;
+            return Err(e);
+        }
+        Ok((container, holder))
+    }
+
+    /// Restores `image` into the (stopped) sandbox `inst` and records the new container.
+    async fn restore_into(&self, inst: &Instance<GvisorHandle>, image: &Path) -> Result<()> {
+        let (container, holder) = self
+            .launch(
+                &inst.id,
+                &inst.dir,
+                Some(image),
+                &inst.handle.cgroup,
+                inst.handle.egress,
+            )
+            .await?;
+        if let Some(l) = self.live().get_mut(&inst.id) {
+            l.container = Some(container);
+            l.holder = holder;
+            l.paused = false;
+        }
+        Ok(())
+    }
+
+    fn prepare(&self, spec: &BootSpec<'_>, init_token: &str) -> Result<CgroupSet> {
+        let dir = spec.dir;
+        std::fs::create_dir(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        std::fs::create_dir(dir.join("run")).map_err(io_err("preparing the instance"))?;
+        let egress = Net::parse(&spec.key.net)? == Net::Egress;
+        if egress && self.cfg.slirp4netns.is_none() {
+            return Err(Error::invalid(
+                "net egress needs slirp4netns on the node (apt-get install slirp4netns)",
+            ));
+        }
+        let root = self.store.plain_root(spec.template)?;
+        let tier = spec.key.tier();
+        let b = bundle::spec(&bundle::BundleSpec {
+            root: &root,
+            agent: &self.cfg.agent.program,
+            libs: &self.libs,
+            loader: &self.loader,
+            run_dir: &dir.join("run"),
+            hostname: &ids::dns_safe(spec.instance_id),
+            init_token,
+            memory_bytes: tier.memory_bytes,
+            cpu_count: tier.cpu_count,
+            // The holder's namespace is filled in at each start.
+            netns: egress.then_some(Path::new("/proc/self/ns/net")),
+        })?;
+        bundle::write(&dir.join("bundle"), &b)?;
+        let cg = self
+            .cgroups
+            .create(spec.instance_id)
+            .map_err(io_err("creating the instance cgroups"))?;
+        let limits = Limits {
+            memory_bytes: tier.memory_bytes,
+            cpus: tier.cpu_count,
+            // The Sentry's own threads count against this too.
+            pids: tier.pids + 256,
+        };
+        if let Err(e) = self.cgroups.limit(&cg, limits) {
+            let _ = self.cgroups.destroy(&cg);
+            return Err(Error::io("limiting the instance", e));
+        }
+        Ok(cg)
+    }
+}
+
+struct Busy<'a> {
+    rt: &'a GvisorRuntime,
+    id: &'a str,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = self.rt.live().get_mut(self.id) {
+            l.busy = false;
+        }
+    }
+}
+
+impl Runtime for GvisorRuntime {
+    type Handle = GvisorHandle;
+
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "gvisor: {} ({} platform); each sandbox runs on gVisor's own kernel (the Sentry) in a runsc container, cgroups {} for memory/CPU/pids; pause, snapshot and fork capture memory; egress through slirp4netns into gVisor's own network stack (open connections do not survive a pause)",
+            self.cfg.runsc.version,
+            self.cfg.runsc.platform,
+            self.cgroups.describe()
+        )
+    }
+
+    fn captures_memory(&self, net: &str) -> bool {
+        // This runsc cannot save internet connections (not even closed ones it still tracks),
+        // and a failed checkpoint ends the sandbox.
+        net == "none"
+    }
+
+    async fn boot(&self, spec: BootSpec<'_>) -> Result<Instance<GvisorHandle>> {
+        let init_token = match spec.seed {
+            Some(image) => {
+                let bytes = std::fs::read(image.join(IMAGE_META))
+                    .map_err(io_err("reading the checkpoint's description"))?;
+                serde_json::from_slice::<ImageMeta>(&bytes)
+                    .map_err(|e| Error::internal(format!("the checkpoint's description: {e}")))?
+                    .init_token
+            }
+            None => ids::random_hex(24),
+        };
+        let cg = match self.prepare(&spec, &init_token) {
+            Ok(cg) => cg,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(spec.dir);
+                return Err(e);
+            }
+        };
+        let egress = Net::parse(&spec.key.net)? == Net::Egress;
+        match self
+            .launch(spec.instance_id, spec.dir, spec.seed, &cg, egress)
+            .await
+        {
+            Ok((container, holder)) => {
+                self.live().insert(
+                    spec.instance_id.to_string(),
+                    Live {
+                        container: Some(container),
+                        paused: false,
+                        frozen: false,
+                        busy: false,
+                        holder,
+                    },
+                );
+                Ok(Instance {
+                    id: spec.instance_id.to_string(),
+                    dir: spec.dir.to_path_buf(),
+                    address: String::new(),
+                    handle: GvisorHandle {
+                        cgroup: cg,
+                        egress,
+                        init_token,
+                    },
+                })
+            }
+            Err(e) => {
+                let _ = self.cgroups.destroy(&cg);
+                let _ = std::fs::remove_dir_all(spec.dir);
+                Err(e)
+            }
+        }
+    }
+
+    async fn destroy(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
+        let live = self.live().remove(&inst.id);
+        if let Some(c) = live.and_then(|l| l.container) {
+            let _ = self.cfg.runsc.delete(&c).await;
+        }
+        let cgroups = self.cgroups.clone();
+        let cg = inst.handle.cgroup.clone();
+        let dir = inst.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            cgroups
+                .destroy(&cg)
+                .map_err(io_err(format!("destroying sandbox {}", dir.display())))?;
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::io(format!("removing {}", dir.display()), e))
+                }
+                _ => Ok(()),
+            }
+        })
+        .await
+        .map_err(|e| Error::internal(format!("destroy task failed: {e}")))?
+    }
+
+    /// A checkpoint to the node's disk where one is safe (the memory is freed); else the
+    /// sandbox is frozen in place, which keeps its memory and its connections.
+    async fn pause(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
+        let _busy = self.busy(&inst.id);
+        let why_not = if inst.handle.egress {
+            Some("it has internet access".to_string())
+        } else {
+            self.unsaveable(&inst.dir).await?
+        };
+        if let Some(why) = why_not {
+            let container = self
+                .container(inst)
+                .ok_or_else(|| Error::conflict(format!("sandbox {} is not running", inst.id)))?;
+            tracing::info!(id = %inst.id, reason = %why, "pausing in memory instead of to disk");
+            self.cfg.runsc.pause(&container).await?;
+            if let Some(l) = self.live().get_mut(&inst.id) {
+                l.paused = true;
+                l.frozen = true;
+            }
+            return Ok(());
+        }
+        let image = inst.dir.join(IMAGE_DIR);
+        let _ = std::fs::remove_dir_all(&image);
+        self.checkpoint_to(inst, &image).await?;
+        if let Some(l) = self.live().get_mut(&inst.id) {
+            l.paused = true;
+        }
+        Ok(())
+    }
+
+    async fn resume(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
+        let _busy = self.busy(&inst.id);
+        let frozen = self
+            .live()
+            .get(&inst.id)
+            .and_then(|l| l.frozen.then(|| l.container.clone()));
+        if let Some(container) = frozen {
+            let container = container.ok_or_else(|| {
+                Error::internal(format!("sandbox {} lost its container", inst.id))
+            })?;
+            self.cfg.runsc.resume(&container).await?;
+            if let Some(l) = self.live().get_mut(&inst.id) {
+                l.paused = false;
+                l.frozen = false;
+            }
+            return Ok(());
+        }
+        let image = inst.dir.join(IMAGE_DIR);
+        self.restore_into(inst, &image).await?;
+        let _ = std::fs::remove_dir_all(&image);
+        Ok(())
+    }
+
+    async fn capture(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        paused: bool,
+        dest: &Path,
+    ) -> Result<u64> {
+        let _busy = self.busy(&inst.id);
+        let frozen = self.live().get(&inst.id).is_some_and(|l| l.frozen);
+        if inst.handle.egress {
+            return Err(Error::conflict(format!(
+                "sandbox {} has internet access, and this runsc ({}) cannot save a sandbox's internet connections: snapshots and forks on the gvisor runtime need a sandbox without internet access (e2b allow_internet_access=False, net none)",
+                inst.id, self.cfg.runsc.version
+            )));
+        }
+        if frozen {
+            return Err(Error::conflict(format!(
+                "sandbox {} is paused in memory (it could not be checkpointed); resume it first",
+                inst.id
+            )));
+        }
+        if !paused && let Some(why) = self.unsaveable(&inst.dir).await? {
+            return Err(Error::conflict(format!(
+                "sandbox {} cannot be checkpointed now: {why}",
+                inst.id
+            )));
+        }
+        if paused {
+            // The pause's own image is the state to branch from.
+            let src = inst.dir.join(IMAGE_DIR);
+            std::fs::create_dir(dest).map_err(io_err("creating the checkpoint directory"))?;
+            let mut total = 0;
+            for e in std::fs::read_dir(&src).map_err(io_err("reading the paused image"))? {
+                let e = e.map_err(io_err("reading the paused image"))?;
+                total += std::fs::copy(e.path(), dest.join(e.file_name()))
+                    .map_err(io_err("copying the paused image"))?;
+            }
+            return Ok(total);
+        }
+        // runsc stops what it checkpoints; the source continues from the very image.
+        let size = self.checkpoint_to(inst, dest).await;
+        let restored = self.restore_into(inst, dest).await;
+        match (size, restored) {
+            (Ok(s), Ok(_)) => Ok(s),
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = std::fs::remove_dir_all(dest);
+                Err(e)
+            }
+        }
+    }
+
+    async fn usage(&self, inst: &Instance<GvisorHandle>) -> Result<Usage> {
+        let m = Cgroups::measure(&inst.handle.cgroup);
+        Ok(Usage {
+            cpu_ns: m.cpu_ns.unwrap_or(0),
+            mem_bytes: m.memory_bytes.unwrap_or(0),
+            processes: m.pids.unwrap_or(0),
+            measured: m.memory_bytes.is_some(),
+            // The writable layer lives in the sandbox's memory.
+            disk_used: 0,
+            disk_total: 0,
+            oom_kills: m.oom_kills.unwrap_or(0),
+        })
+    }
+
+    fn is_alive(&self, inst: &Instance<GvisorHandle>) -> bool {
+        match self.live().get(&inst.id) {
+            Some(l) if l.busy => true,
+            Some(l) if l.paused && !l.frozen => inst.dir.join(IMAGE_DIR).exists(),
+            Some(_) => !Cgroups::pids(&inst.handle.cgroup).is_empty(),
+            None => false,
+        }
+    }
+
+    async fn dial(&self, inst: &Instance<GvisorHandle>, port: u16) -> Result<Conn> {
+        let mut s = UnixStream::connect(Self::door(&inst.dir))
+            .await
+            .map_err(|e| Error::unavailable(format!("sandbox {} is not serving: {e}", inst.id)))?;
+        s.write_all(format!("PORT {port}\n").as_bytes())
+            .await
+            .map_err(|e| Error::unavailable(format!("sandbox {}: {e}", inst.id)))?;
+        // One byte at a time: what follows the answer line is the port's own data.
+        let mut line = Vec::new();
+        loop {
+            let b = s
+                .read_u8()
+                .await
+                .map_err(|e| Error::unavailable(format!("sandbox {}: {e}", inst.id)))?;
+            if b == b'\n' || line.len() > 512 {
+                break;
+            }
+            line.push(b);
+        }
+        if line == b"OK" {
+            Ok(Box::new(s))
+        } else {
+            Err(Error::unavailable(format!(
+                "port {port} of sandbox {}: {}",
+                inst.id,
+                String::from_utf8_lossy(&line)
+            )))
+        }
+    }
+
+    fn init_token(&self, inst: &Instance<GvisorHandle>) -> String {
+        inst.handle.init_token.clone()
+    }
+
+    async fn reclaim_orphans(&self) {
+        for c in self.cfg.runsc.list().await {
+            tracing::warn!(container = %c, "deleting a runsc container left by an earlier run");
+            let _ = self.cfg.runsc.delete(&c).await;
+        }
+        for set in self.cgroups.leftovers() {
+            if let Err(e) = self.cgroups.destroy(&set) {
+                tracing::error!(error = %e, "could not remove orphaned cgroups");
+            }
+        }
+    }
+}
+
+impl Drop for GvisorRuntime {
+    fn drop(&mut self) {
+        self.cgroups.remove_parents();
+    }
+}

@@ -1,0 +1,277 @@
+//! The runsc command line, as the gVisor runtime uses it: one state root per node, every
+//! sandbox without a network (its door is a host Unix socket), its writes in an in-memory
+//! overlay, and cgroups left to the node (runsc starts inside the sandbox's cgroups).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use super::super::cgroup::{CgroupSet, Cgroups};
+use crate::model::{Error, Result};
+
+#[derive(Debug, Clone)]
+pub struct Runsc {
+    pub path: PathBuf,
+    /// Where runsc keeps its containers' state.
+    pub root: PathBuf,
+    pub platform: String,
+    /// As `runsc --version` prints it.
+    pub version: String,
+    /// The build's date (YYYYMMDD), when the version says it.
+    pub date: Option<u32>,
+    /// A directory for runsc's debug logs, when set.
+    pub debug_log: Option<PathBuf>,
+}
+
+/// The build date in `runsc version 0.0~20221219.0` or `runsc version release-20240801.0`.
+pub fn build_date(version: &str) -> Option<u32> {
+    version
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|part| part.len() == 8)
+        .and_then(|d| d.parse().ok())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin".into());
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/bin", "/usr/local/bin"].map(PathBuf::from))
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+impl Runsc {
+    /// Finds runsc (at `path`, else on PATH) and reads its version; None when it is absent.
+    pub fn detect(path: Option<&Path>, root: PathBuf, platform: &str) -> Result<Option<Runsc>> {
+        let Some(path) = path.map(Path::to_path_buf).or_else(|| which("runsc")) else {
+            return Ok(None);
+        };
+        let out = std::process::Command::new(&path)
+            .arg("--version")
+            .output()
+            .map_err(|e| Error::io(format!("running {} --version", path.display()), e))?;
+        if !out.status.success() {
+            return Err(Error::invalid(format!(
+                "{} --version failed: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let version = text.lines().next().unwrap_or_default().trim().to_string();
+        std::fs::create_dir_all(&root).map_err(|e| Error::io("creating the runsc root", e))?;
+        Ok(Some(Runsc {
+            date: build_date(&version),
+            path,
+            root,
+            platform: platform.to_string(),
+            version,
+            debug_log: std::env::var_os("SANDBOX_GATEWAY_RUNSC_DEBUG").map(PathBuf::from),
+        }))
+    }
+
+    fn global(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![
+            "--root".into(),
+            self.root.clone().into(),
+            format!("--platform={}", self.platform).into(),
+            "--host-uds=all".into(),
+            "--overlay2=root:memory".into(),
+            "--ignore-cgroups".into(),
+        ];
+        if let Some(d) = &self.debug_log {
+            a.push("--debug".into());
+            a.push(format!("--debug-log={}/", d.display()).into());
+        }
+        a
+    }
+
+    /// Runs one runsc command. Its standard error goes to a file, not a pipe: the sandbox
+    /// processes `run` and `restore` leave behind inherit it and would hold a pipe open.
+    async fn call(&self, what: &str, args: &[OsString], cgroup: Option<&CgroupSet>) -> Result<()> {
+        self.call_with(what, args, cgroup, false).await
+    }
+
+    /// `call`, optionally working around runsc's root-namespace check (see `hide_proc_sys_net`).
+    async fn call_with(
+        &self,
+        what: &str,
+        args: &[OsString],
+        cgroup: Option<&CgroupSet>,
+        network: bool,
+    ) -> Result<()> {
+        let err_path = self.root.join(format!(
+            "{what}-{}.stderr",
+            crate::model::ids::random_hex(6)
+        ));
+        let err_file = std::fs::File::create(&err_path)
+            .map_err(|e| Error::io("creating the runsc error file", e))?;
+        let mut cmd = tokio::process::Command::new(&self.path);
+        cmd.args(self.global())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err_file);
+        if network {
+            // SAFETY: runs in the forked child before exec and makes only system calls.
+            unsafe { cmd.pre_exec(hide_proc_sys_net) };
+        }
+        let _held = match cgroup {
+            Some(cg) => Cgroups::start_in(&mut cmd, cg, None)
+                .map_err(|e| Error::io("joining the sandbox cgroups", e))?,
+            None => Vec::new(),
+        };
+        let status = cmd.status().await;
+        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let _ = std::fs::remove_file(&err_path);
+        let status = status.map_err(|e| Error::io(format!("running runsc {what}"), e))?;
+        if !status.success() {
+            let last = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(Error::internal(format!("runsc {what} failed: {last}")));
+        }
+        Ok(())
+    }
+
+    /// Starts a container of the bundle, detached, inside `cgroup`; with `egress` on the network
+    /// of the namespace the bundle names, else on loopback only.
+    pub async fn run(
+        &self,
+        bundle: &Path,
+        id: &str,
+        cgroup: &CgroupSet,
+        egress: bool,
+    ) -> Result<()> {
+        let args: Vec<OsString> = vec![
+            network_flag(egress).into(),
+            "run".into(),
+            "--bundle".into(),
+            bundle.into(),
+            "--detach".into(),
+            id.into(),
+        ];
+        self.call_with("run", &args, Some(cgroup), egress).await
+    }
+
+    /// Starts a container from a checkpoint image, detached, inside `cgroup`.
+    pub async fn restore(
+        &self,
+        image: &Path,
+        bundle: &Path,
+        id: &str,
+        cgroup: &CgroupSet,
+        egress: bool,
+    ) -> Result<()> {
+        let args: Vec<OsString> = vec![
+            network_flag(egress).into(),
+            "restore".into(),
+            "--image-path".into(),
+            image.into(),
+            "--bundle".into(),
+            bundle.into(),
+            "--detach".into(),
+            id.into(),
+        ];
+        self.call_with("restore", &args, Some(cgroup), egress).await
+    }
+
+    /// Writes the container's state (memory, processes, files) to `image`; the container stops.
+    pub async fn checkpoint(&self, image: &Path, id: &str) -> Result<()> {
+        let args: Vec<OsString> = vec![
+            "checkpoint".into(),
+            "--image-path".into(),
+            image.into(),
+            id.into(),
+        ];
+        self.call("checkpoint", &args, None).await
+    }
+
+    /// Freezes a running container in place.
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        self.call("pause", &["pause".into(), id.into()], None).await
+    }
+
+    /// Thaws a frozen container.
+    pub async fn resume(&self, id: &str) -> Result<()> {
+        self.call("resume", &["resume".into(), id.into()], None)
+            .await
+    }
+
+    /// Forgets a container, killing what is left of it.
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        let args: Vec<OsString> = vec!["delete".into(), "--force".into(), id.into()];
+        self.call("delete", &args, None).await
+    }
+
+    /// The containers in this node's state root.
+    pub async fn list(&self) -> Vec<String> {
+        let out = tokio::process::Command::new(&self.path)
+            .args([
+                "--root".as_ref(),
+                self.root.as_os_str(),
+                "list".as_ref(),
+                "-quiet".as_ref(),
+            ])
+            .output()
+            .await;
+        match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn network_flag(egress: bool) -> &'static str {
+    if egress {
+        "--network=sandbox"
+    } else {
+        "--network=none"
+    }
+}
+
+/// runsc (this build) refuses to take over a namespace's interfaces when
+/// /proc/sys/net/core/rmem_default exists, which it takes to mean "the host's namespace"; newer
+/// kernels show that file in every namespace. The namespace it is given is a holder's, never
+/// the host's, so the check is answered by hiding /proc/sys/net in a mount namespace of runsc's
+/// own (the sandbox builds its network stack without it).
+fn hide_proc_sys_net() -> std::io::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    mount(
+        Some("none"),
+        "/proc/sys/net",
+        Some("tmpfs"),
+        MsFlags::MS_RDONLY,
+        None::<&str>,
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_dates_come_from_either_version_style() {
+        assert_eq!(build_date("runsc version 0.0~20221219.0"), Some(20221219));
+        assert_eq!(
+            build_date("runsc version release-20240801.0"),
+            Some(20240801)
+        );
+        assert_eq!(build_date("runsc version 0.0.0"), None);
+    }
+}

@@ -1,0 +1,310 @@
+//! The init of a gVisor sandbox: pid 1 inside runsc. It starts the agent (envd) as pid 2,
+//! reaps orphans, and serves the sandbox's only door to the node: a Unix socket in a directory
+//! the node shares with the sandbox (runsc `--host-uds=create`). A connection names a port
+//! (`PORT 49983`) and is then spliced to that port on the sandbox's own loopback, so envd and
+//! the sandbox's servers are reachable without any network.
+//!
+//! gVisor cannot checkpoint a sandbox that holds a host socket, so before a checkpoint the node
+//! sends `QUIESCE`: the door is closed and every spliced connection cut. The door opens again
+//! when the node changes the generation file beside it, which it does just before it restores
+//! the checkpoint (in this sandbox or in a copy of it).
+//!
+//! This gVisor build also cannot save a TCP socket that an epoll instance watches, and a failed
+//! checkpoint ends the sandbox. So envd listens on a Unix socket here (the door's port 49983
+//! leads to it), and `SAVEABLE` lets the node ask first whether any other process holds such a
+//! socket (see `unsaveable`).
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Where the shared directory is inside the sandbox.
+pub const RUN_DIR: &str = "/.sandbox-gateway/run";
+pub const DOOR: &str = "door.sock";
+pub const GENERATION: &str = "generation";
+/// envd's socket, inside the sandbox's own file system (never shared with the host).
+const ENVD_SOCKET: &str = "/.sandbox-gateway/envd.sock";
+
+/// Runs as pid 1; never returns.
+pub fn run(init_token: String, memory_bytes: u64, cpu_count: u32, egress: bool) -> ! {
+    // The root is the sandbox's own (an overlay in its memory): give it fresh names and, with
+    // egress, slirp4netns's resolver.
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().to_string())
+        .unwrap_or_else(|_| "sandbox".into());
+    let resolver = egress.then_some(super::net::SLIRP_DNS);
+    if let Err(e) = super::mounts::write_identity(&hostname, resolver) {
+        eprintln!("init: writing /etc identity: {e}");
+    }
+    // The agent first, while this process is single-threaded.
+    // SAFETY: fork of a single-threaded process; the child becomes the agent.
+    let agent = unsafe { libc::fork() };
+    if agent == 0 {
+        let cfg = crate::envd::EnvdConfig {
+            init_token: Some(init_token),
+            mem_total_bytes: Some(memory_bytes),
+            cpu_count: Some(cpu_count),
+            ..Default::default()
+        };
+        let _ = std::fs::remove_file(ENVD_SOCKET);
+        let code = match UnixListener::bind(ENVD_SOCKET) {
+            Ok(l) => match crate::envd::run(crate::envd::Listener::Unix(l), cfg, || {}) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("agent: {e}");
+                    1
+                }
+            },
+            Err(e) => {
+                eprintln!("agent: binding {ENVD_SOCKET}: {e}");
+                1
+            }
+        };
+        // SAFETY: the agent's process ends here.
+        unsafe { libc::_exit(code) };
+    }
+    // The door opens once envd answers, so that the node's first PING means "ready".
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while UnixStream::connect(ENVD_SOCKET).is_err() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::spawn(|| door(Path::new(RUN_DIR)));
+    loop {
+        let mut status = 0;
+        // SAFETY: reaping any child of pid 1.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == agent
+            || (pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
+        {
+            // SAFETY: the sandbox ends with its agent.
+            unsafe { libc::_exit(1) };
+        }
+    }
+}
+
+fn generation(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join(GENERATION)).unwrap_or_default()
+}
+
+/// Open connections by number, so that QUIESCE can cut them all.
+type Open = Arc<Mutex<(u64, std::collections::HashMap<u64, UnixStream>)>>;
+
+fn lock(
+    open: &Open,
+) -> std::sync::MutexGuard<'_, (u64, std::collections::HashMap<u64, UnixStream>)> {
+    open.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn door(dir: &Path) {
+    let path: PathBuf = dir.join(DOOR);
+    let open: Open = Arc::default();
+    loop {
+        let seen = generation(dir);
+        let _ = std::fs::remove_file(&path);
+        match UnixListener::bind(&path) {
+            Ok(listener) => serve(&listener, &open),
+            Err(e) => eprintln!("door: binding {}: {e}", path.display()),
+        }
+        // Closed for a checkpoint: wait for the node's next generation.
+        while generation(dir) == seen {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// Accepts until a QUIESCE arrives.
+fn serve(listener: &UnixListener, open: &Open) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let mut reader = BufReader::new(match conn.try_clone() {
+            Ok(c) => c,
+            Err(_) => continue,
+        });
+        let mut line = String::new();
+        if reader.read_line(&mut line).is_err() {
+            continue;
+        }
+        let mut conn = conn;
+        match line.trim().split_once(' ').unwrap_or((line.trim(), "")) {
+            ("QUIESCE", _) => {
+                for (_, c) in lock(open).1.drain() {
+                    let _ = c.shutdown(Shutdown::Both);
+                }
+                let _ = conn.write_all(b"OK\n");
+                return;
+            }
+            ("PING", _) => {
+                let _ = conn.write_all(b"PONG\n");
+            }
+            ("SAVEABLE", _) => {
+                let answer = match unsaveable() {
+                    None => "OK\n".to_string(),
+                    Some(why) => format!("NO {why}\n"),
+                };
+                let _ = conn.write_all(answer.as_bytes());
+            }
+            ("PORT", port) => match port.parse::<u16>().map(connect_port) {
+                Ok(Ok(inner)) => {
+                    if conn.write_all(b"OK\n").is_err() {
+                        continue;
+                    }
+                    let Ok(c) = conn.try_clone() else { continue };
+                    let id = {
+                        let mut o = lock(open);
+                        o.0 += 1;
+                        let id = o.0;
+                        o.1.insert(id, c);
+                        id
+                    };
+                    let buffered = reader.buffer().to_vec();
+                    splice(conn, inner, buffered, (open.clone(), id));
+                }
+                Ok(Err(e)) => {
+                    let _ = conn.write_all(format!("ERR port is not open: {e}\n").as_bytes());
+                }
+                Err(_) => {
+                    let _ = conn.write_all(b"ERR not a port\n");
+                }
+            },
+            _ => {
+                let _ = conn.write_all(b"ERR unknown request\n");
+            }
+        }
+    }
+}
+
+/// A connection into the sandbox: envd's Unix socket, or a TCP port on its loopback.
+enum Inner {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Inner {
+    fn try_clone(&self) -> io::Result<Inner> {
+        Ok(match self {
+            Inner::Unix(s) => Inner::Unix(s.try_clone()?),
+            Inner::Tcp(s) => Inner::Tcp(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        let _ = match self {
+            Inner::Unix(s) => s.shutdown(how),
+            Inner::Tcp(s) => s.shutdown(how),
+        };
+    }
+}
+
+impl Read for Inner {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Inner::Unix(s) => s.read(buf),
+            Inner::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Inner {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Inner::Unix(s) => s.write(buf),
+            Inner::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn connect_port(port: u16) -> io::Result<Inner> {
+    if port == super::spec::ENVD_PORT {
+        return UnixStream::connect(ENVD_SOCKET).map(Inner::Unix);
+    }
+    TcpStream::connect(("127.0.0.1", port)).map(Inner::Tcp)
+}
+
+/// Why a checkpoint of this sandbox would fail (and end it), if it would: a process that has
+/// an epoll instance and a TCP socket (Node.js, asyncio and most event-loop servers do). The
+/// check is conservative: such a process may watch only other files, but this gVisor build
+/// gives no way to tell.
+fn unsaveable() -> Option<String> {
+    let mut tcp_inodes = std::collections::HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            if let Some(inode) = line.split_whitespace().nth(9) {
+                tcp_inodes.insert(inode.to_string());
+            }
+        }
+    }
+    let me = std::process::id().to_string();
+    let procs = std::fs::read_dir("/proc").ok()?;
+    for p in procs.flatten() {
+        let pid = p.file_name().to_string_lossy().to_string();
+        if !pid.chars().all(|c| c.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let (mut epoll, mut tcp) = (false, false);
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let target = target.to_string_lossy();
+            if target == "anon_inode:[eventpoll]" {
+                epoll = true;
+            } else if let Some(inode) = target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'))
+            {
+                tcp |= tcp_inodes.contains(inode);
+            }
+        }
+        if epoll && tcp {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            return Some(format!(
+                "process {pid} ({}) watches a TCP socket with epoll, which this gVisor build cannot checkpoint",
+                comm.trim()
+            ));
+        }
+    }
+    None
+}
+
+/// Copies both ways on two threads until either side closes; then forgets the connection.
+fn splice(unix: UnixStream, inner: Inner, already_read: Vec<u8>, (open, id): (Open, u64)) {
+    let (Ok(mut unix_r), Ok(mut inner_w)) = (unix.try_clone(), inner.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        if !already_read.is_empty() && inner_w.write_all(&already_read).is_err() {
+            return;
+        }
+        let _ = io::copy(&mut unix_r, &mut inner_w);
+        inner_w.shutdown(Shutdown::Write);
+    });
+    let (mut inner_r, mut unix_w) = (inner, unix);
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match inner_r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if unix_w.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = unix_w.shutdown(Shutdown::Write);
+        lock(&open).1.remove(&id);
+    });
+}

@@ -1,0 +1,64 @@
+//! The network namespace of a gVisor sandbox with egress. runsc attaches a sandbox to an
+//! existing namespace, so this small process (host root, in the sandbox's cgroups) makes one,
+//! equips it with slirp4netns and routes to the allowed address space only, says "ready", and
+//! keeps it until the node lets go of it: it is killed when the sandbox is paused or ended, and
+//! it ends by itself when the node's lifeline closes. A restore (resume, fork, a sandbox made
+//! from a snapshot) gets a fresh holder: gVisor takes the interface's addresses for its own
+//! stack, so a namespace serves one start.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+
+use nix::sched::{CloneFlags, unshare};
+use serde::{Deserialize, Serialize};
+
+use super::net;
+use super::spec::Net;
+
+/// What the node tells a holder, as one command-line argument.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HolderSpec {
+    pub slirp4netns: PathBuf,
+    pub blocked: Vec<String>,
+}
+
+/// Runs the holder; returns the exit code.
+pub fn run(spec: &str, lifeline: RawFd) -> i32 {
+    match hold(spec, lifeline) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("network holder: {e}");
+            1
+        }
+    }
+}
+
+fn hold(spec: &str, lifeline: RawFd) -> io::Result<()> {
+    let spec: HolderSpec =
+        serde_json::from_str(spec).map_err(|e| io::Error::other(format!("bad spec: {e}")))?;
+    let host_netns = File::open("/proc/self/ns/net")?;
+    unshare(CloneFlags::CLONE_NEWNET)
+        .map_err(|e| io::Error::other(format!("creating the network namespace: {e}")))?;
+    // slirp4netns exits by itself when this process does (its exit pipe closes).
+    let _slirp = net::equip(
+        Net::Egress,
+        Some(&spec.slirp4netns),
+        &spec.blocked,
+        net::Blocking::OnlyAllowed,
+        &host_netns,
+    )?;
+    drop(host_netns);
+    let mut out = io::stdout();
+    out.write_all(b"ready\n")?;
+    out.flush()?;
+    let mut buf = [0u8; 16];
+    loop {
+        // SAFETY: reading into a valid buffer; the node never writes.
+        let n = unsafe { libc::read(lifeline, buf.as_mut_ptr().cast(), buf.len()) };
+        if n == 0 || (n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted) {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,542 @@
+//! The gvisor runtime on a real node with real runsc sandboxes: memory that survives pause,
+//! resume, forks and snapshots (a counter and a server's state held only in a process's
+//! memory), the boundary probed from inside, refusals that leave the sandbox running, a node
+//! killed during a checkpoint, and no leaks. Skips, saying why, only where runsc is absent.
+
+mod common;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use common::*;
+use sandbox_gateway::dispatch::{ClaimRequest, Dispatcher};
+use sandbox_gateway::model::{PoolKey, SandboxRecord};
+
+/// runsc on PATH, or why the tests here cannot run.
+fn runsc() -> Option<String> {
+    let found = std::process::Command::new("runsc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        println!("skipped: runsc is not installed (apt-get install runsc); CI installs it");
+        return None;
+    }
+    Some("runsc".into())
+}
+
+fn claim_req(name: &str, net: &str) -> ClaimRequest {
+    ClaimRequest {
+        namespace: "gv".into(),
+        name: name.into(),
+        key: PoolKey::new("base", net, "small").unwrap(),
+        ttl_seconds: 600,
+        metadata: Default::default(),
+        env_vars: Default::default(),
+    }
+}
+
+async fn claim(d: &Dispatcher, name: &str, net: &str) -> (SandboxRecord, SandboxClient) {
+    let r = d.claim(claim_req(name, net)).await.unwrap().record;
+    let c = SandboxClient::of(&r);
+    (r, c)
+}
+
+fn node(tmp: &tempfile::TempDir, token: &std::path::Path, pools: &[&str]) -> NodeProc {
+    let mut args = vec!["--runtime", "gvisor"];
+    for p in pools {
+        args.extend(["--pool", p]);
+    }
+    NodeProc::start("gv", &tmp.path().join("node"), token, "127.0.0.1:0", &args)
+}
+
+/// A process whose only state is in its memory: a counter it increments every 20 ms and
+/// reports with its pid in /tmp/counter, and a one-threaded HTTP server on port 8000 (poll,
+/// not epoll, so this gVisor build can checkpoint it) whose value lives in a variable.
+const MEMORY_HOLDER: &str = r#"
+import http.server, os, threading, time
+state = {"value": "initial", "count": 0}
+def count():
+    while True:
+        state["count"] += 1
+        with open("/tmp/counter.tmp", "w") as f:
+            f.write("%d %d" % (state["count"], os.getpid()))
+        os.replace("/tmp/counter.tmp", "/tmp/counter")
+        time.sleep(0.02)
+threading.Thread(target=count, daemon=True).start()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path.startswith("/set/"):
+            state["value"] = self.path[5:]
+        body = ("%s %d %d" % (state["value"], state["count"], os.getpid())).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"#;
+
+fn start_holder(c: &SandboxClient) {
+    let w = c.write("/tmp/holder.py", MEMORY_HOLDER.as_bytes());
+    assert_eq!(w.status, 200, "{}", w.text());
+    let r = c
+        .run("setsid nohup python3 /tmp/holder.py >/tmp/holder.log 2>&1 & sleep 0.5; echo started");
+    assert!(r.stdout.contains("started"), "{r:?}");
+}
+
+/// (count, pid) from the counter file.
+fn counter(c: &SandboxClient) -> (u64, u32) {
+    let text = c.read("/tmp/counter").text();
+    let mut f = text.split_whitespace();
+    let n = f.next().and_then(|v| v.parse().ok());
+    let p = f.next().and_then(|v| v.parse().ok());
+    match (n, p) {
+        (Some(n), Some(p)) => (n, p),
+        _ => panic!("unreadable counter: {text:?}"),
+    }
+}
+
+/// The server's (value, count, pid).
+fn server(c: &SandboxClient, path: &str) -> (String, u64, u32) {
+    let a = c
+        .request(8000, "GET", path, &[], b"")
+        .unwrap_or_else(|e| panic!("the server in the sandbox: {e:?}"));
+    assert_eq!(a.status, 200, "{}", a.text());
+    let text = a.text();
+    let f: Vec<&str> = text.split_whitespace().collect();
+    (
+        f[0].to_string(),
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+    )
+}
+
+async fn wait_holder(c: &SandboxClient) {
+    for _ in 0..200 {
+        if c.read("/tmp/counter").status == 200 && c.tunnel(8000).is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the memory holder did not start: {}",
+        c.read("/tmp/holder.log").text()
+    );
+}
+
+/// The counter advances from at least `from` in the process `pid`: the process kept running
+/// with its memory, it was not started again.
+async fn keeps_counting(c: &SandboxClient, from: u64, pid: u32, what: &str) -> u64 {
+    let (n1, p1) = counter(c);
+    assert_eq!(p1, pid, "{what}: the same process (pid) goes on");
+    assert!(
+        n1 >= from,
+        "{what}: the count goes on from {from}, not from zero: {n1}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (n2, _) = counter(c);
+    assert!(n2 > n1, "{what}: still counting ({n1} then {n2})");
+    n2
+}
+
+fn runsc_containers(data_dir: &std::path::Path) -> Vec<String> {
+    let out = std::process::Command::new("runsc")
+        .arg("--root")
+        .arg(data_dir.join("runsc"))
+        .args(["list", "-quiet"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    out.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+async fn stop(tmp: &tempfile::TempDir, d: Dispatcher, mut node: NodeProc) {
+    d.shutdown().await;
+    let dir = node.sandboxes_dir();
+    let data = node.data_dir.clone();
+    node.proc.terminate();
+    assert_no_leaks(tmp.path(), &[dir]).await;
+    assert_eq!(cgroup_instances(&data), 0, "sandbox cgroups left behind");
+    assert!(
+        runsc_containers(&data).is_empty(),
+        "runsc containers left behind"
+    );
+    assert!(
+        dir_entries(&data.join("checkpoints")).is_empty(),
+        "checkpoint data left behind"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_survives_pause_resume_forks_and_snapshots() {
+    if runsc().is_none() {
+        return;
+    }
+    let (tmp, token) = workspace();
+    let node = node(&tmp, &token, &["base=1"]);
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    let (a_rec, a) = claim(&d, "a", "none").await;
+    start_holder(&a);
+    wait_holder(&a).await;
+    server(&a, "/set/before-pause");
+    let (n0, pid) = counter(&a);
+
+    // Pause writes the memory to the node's disk and stops the sandbox; resume restores it.
+    let (rec, changed) = d.set_paused(None, &a_rec.id, true).await.unwrap();
+    assert!(changed, "{rec:?}");
+    let images: Vec<_> = dir_entries(&node.sandboxes_dir())
+        .into_iter()
+        .map(|i| node.sandboxes_dir().join(i).join("paused"))
+        .filter(|p| p.join("checkpoint.img").exists())
+        .collect();
+    assert_eq!(
+        images.len(),
+        1,
+        "a checkpoint on the node's disk while paused"
+    );
+    let image = &images[0];
+    let sandbox_processes = processes_under(&node.sandboxes_dir())
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"runsc-sandbox"))
+        })
+        .count();
+    // The other running sandbox is the warm one the pool refilled.
+    assert!(
+        sandbox_processes <= 1,
+        "the paused sandbox runs no process: {sandbox_processes}"
+    );
+    assert!(
+        image.join("checkpoint.img").exists(),
+        "runsc's image in {}",
+        image.display()
+    );
+    d.set_paused(None, &a_rec.id, false).await.unwrap();
+    let n1 = keeps_counting(&a, n0, pid, "after resume").await;
+    let (value, _, server_pid) = server(&a, "/");
+    assert_eq!(value, "before-pause", "the server's memory survived");
+    assert_eq!(server_pid, pid);
+
+    // Fork: two children continue from the source's memory and then diverge; the source
+    // keeps running.
+    let children = d.fork(None, &a_rec.id, 2, 300).await.unwrap();
+    assert_eq!(children.len(), 2);
+    let kids: Vec<SandboxClient> = children.iter().map(SandboxClient::of).collect();
+    for (i, k) in kids.iter().enumerate() {
+        keeps_counting(k, n1, pid, &format!("fork child {i}")).await;
+        assert_eq!(
+            server(k, "/").0,
+            "before-pause",
+            "child {i} starts from the source's memory"
+        );
+        server(k, &format!("/set/child-{i}"));
+    }
+    assert_eq!(server(&kids[0], "/").0, "child-0");
+    assert_eq!(server(&kids[1], "/").0, "child-1");
+    assert_eq!(
+        server(&a, "/").0,
+        "before-pause",
+        "the source is unaffected"
+    );
+    keeps_counting(&a, n1, pid, "the source after the fork").await;
+
+    // A memory snapshot, and a sandbox started from it.
+    server(&a, "/set/in-snapshot");
+    let ck = d
+        .create_checkpoint(None, &a_rec.id, "gv/memory", true)
+        .await
+        .unwrap();
+    assert!(ck.size_bytes > 0);
+    server(&a, "/set/after-snapshot");
+    let from = d
+        .claim_from_checkpoint(&ck.id, "", claim_req("from-snapshot", "none"))
+        .await
+        .unwrap()
+        .record;
+    assert_ne!(from.id, a_rec.id);
+    assert_ne!(
+        from.token, a_rec.token,
+        "a sandbox of its own, with its own token"
+    );
+    let s = SandboxClient::of(&from);
+    keeps_counting(&s, 1, pid, "a sandbox from the snapshot").await;
+    assert_eq!(server(&s, "/").0, "in-snapshot");
+    assert_eq!(server(&a, "/").0, "after-snapshot");
+
+    // The snapshot's data goes with it.
+    d.delete_checkpoint(&ck.id, "").await.unwrap();
+    assert!(!node.data_dir.join("checkpoints").join(&ck.id).exists());
+
+    for r in children.iter().chain([&from, &a_rec]) {
+        d.release(None, &r.id).await.unwrap();
+    }
+    stop(&tmp, d, node).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_boundary_holds_and_refusals_lose_nothing() {
+    if runsc().is_none() {
+        return;
+    }
+    let (tmp, token) = workspace();
+    let secret = tmp.path().join("host-secret.txt");
+    std::fs::write(&secret, "host only").unwrap();
+    let node = node(&tmp, &token, &["base=2", "base/egress=1"]);
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    let (a_rec, a) = claim(&d, "a", "none").await;
+    let (_, b) = claim(&d, "b", "none").await;
+    let (e_rec, e) = claim(&d, "e", "egress").await;
+
+    // gVisor's own kernel, and none of the host.
+    let who = a.run("id -un; uname -r; dmesg 2>/dev/null | head -1");
+    assert!(who.stdout.starts_with("user\n"), "{who:?}");
+    assert!(
+        who.stdout.to_lowercase().contains("gvisor") || !who.stdout.contains(&host_kernel()),
+        "not the host's kernel: {who:?}"
+    );
+    let host = a.run(&format!("cat {} 2>&1; ls /work 2>&1", secret.display()));
+    assert!(
+        !host.stdout.contains("host only") && host.stdout.contains("No such file"),
+        "{host:?}"
+    );
+    let procs = a.run("ps -e -o comm= | sort -u | tr '\\n' ' '");
+    assert!(
+        !procs.stdout.contains("cargo") && !procs.stdout.contains("runsc"),
+        "{procs:?}"
+    );
+    a.run("echo mine > /tmp/a-secret");
+    let other = b.run("cat /tmp/a-secret 2>&1 || echo none");
+    assert!(!other.stdout.contains("mine"), "{other:?}");
+
+    // The host's loopback and addresses, link-local metadata, private ranges.
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let node_port = node.addr.rsplit(':').next().unwrap().to_string();
+    let mut targets = vec![
+        format!("127.0.0.1/{port}"),
+        format!("127.0.0.1/{node_port}"),
+        format!("10.0.2.2/{port}"),
+        "169.254.169.254/80".to_string(),
+        "192.168.1.1/80".to_string(),
+    ];
+    for ip in host_ipv4() {
+        targets.push(format!("{ip}/{port}"));
+    }
+    for (c, label) in [(&a, "none"), (&e, "egress")] {
+        let probe = c.run(&format!(
+            "for t in {}; do timeout 3 bash -c \"echo > /dev/tcp/${{t%/*}}/${{t#*/}}\" 2>/dev/null && echo OPEN $t; done; echo probed",
+            targets.join(" ")
+        ));
+        assert!(
+            probe.stdout.contains("probed") && !probe.stdout.contains("OPEN"),
+            "{label}: {probe:?}"
+        );
+    }
+    drop(listener);
+
+    // Root inside holds a bounded set of capabilities and cannot change its network.
+    let locked = a
+        .run_as(
+            Some("root"),
+            "grep -E '^(NoNewPrivs|CapBnd)' /proc/self/status; \
+             ip route add default via 10.0.2.2 2>/dev/null && echo CROSSED route; \
+             mount -t tmpfs x /mnt 2>/dev/null && echo CROSSED mount; echo done",
+        )
+        .unwrap();
+    assert!(
+        locked.stdout.contains("CapBnd:\t00000000a80405fb"),
+        "{locked:?}"
+    );
+    assert!(
+        !locked.stdout.contains("CROSSED") && locked.stdout.contains("done"),
+        "{locked:?}"
+    );
+
+    // The template is not changed by what a sandbox writes to its root.
+    a.run_as(
+        Some("root"),
+        "echo changed > /etc/motd; rm -f /usr/bin/jq /bin/ls",
+    )
+    .unwrap();
+    let plain = templates_dir().join("base/rootfs-plain");
+    assert!(
+        !std::fs::read_to_string(plain.join("etc/motd"))
+            .unwrap_or_default()
+            .contains("changed"),
+        "the template's files are untouched"
+    );
+    assert!(plain.join("bin/ls").exists() || plain.join("usr/bin/ls").exists());
+
+    // A process watching a TCP socket with epoll: this runsc cannot checkpoint it (and a failed
+    // checkpoint would end the sandbox), so a memory snapshot is refused, a pause keeps the
+    // sandbox in memory instead, and everything goes on.
+    a.write(
+        "/tmp/epoll.py",
+        b"import asyncio\nasync def h(r, w):\n    w.write(b'hi'); await w.drain(); w.close()\nasync def m():\n    s = await asyncio.start_server(h, '127.0.0.1', 8001)\n    await s.serve_forever()\nasyncio.run(m())\n",
+    );
+    a.run("setsid nohup python3 /tmp/epoll.py >/dev/null 2>&1 & sleep 1");
+    let refused = d.create_checkpoint(None, &a_rec.id, "gv/epoll", true).await;
+    let err = refused.expect_err("a checkpoint gVisor cannot take is refused");
+    assert!(err.to_string().contains("epoll"), "{err}");
+    d.set_paused(None, &a_rec.id, true).await.unwrap();
+    d.set_paused(None, &a_rec.id, false).await.unwrap();
+    let after = a.run("cat /tmp/a-secret; python3 -c \"import socket; s=socket.create_connection(('127.0.0.1',8001)); print(s.recv(2))\"");
+    assert!(
+        after.stdout.contains("mine") && after.stdout.contains("b'hi'"),
+        "{after:?}"
+    );
+
+    // With internet access: paused in memory (connections survive), snapshots refused.
+    let err = d
+        .create_checkpoint(None, &e_rec.id, "gv/egress", false)
+        .await
+        .expect_err("an egress snapshot is refused on this runsc");
+    assert!(err.to_string().contains("internet access"), "{err}");
+    e.run("setsid nohup sleep 600 >/dev/null 2>&1 &");
+    d.set_paused(None, &e_rec.id, true).await.unwrap();
+    d.set_paused(None, &e_rec.id, false).await.unwrap();
+    let alive = e.run("pgrep -c -x sleep");
+    assert_eq!(alive.stdout.trim(), "1", "{alive:?}");
+    let err = d
+        .create_checkpoint(None, &e_rec.id, "gv/egress-memory", true)
+        .await
+        .expect_err("memory snapshots need a sandbox without internet access");
+    assert!(err.to_string().contains("memory"), "{err}");
+    assert!(
+        d.list_checkpoints(&Default::default())
+            .await
+            .checkpoints
+            .is_empty()
+    );
+
+    stop(&tmp, d, node).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_during_a_checkpoint_leaves_nothing_behind() {
+    if runsc().is_none() {
+        return;
+    }
+    let (tmp, token) = workspace();
+    let mut node = node(&tmp, &token, &["base=1", "base/egress=1"]);
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    let (a_rec, a) = claim(&d, "a", "none").await;
+    // Enough memory that the checkpoint takes a while.
+    a.run("setsid nohup python3 -c \"b = bytearray(300 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(600)\" >/dev/null 2>&1 & sleep 3");
+    let (_, _e) = claim(&d, "e", "egress").await;
+    let d2 = d.clone();
+    let id = a_rec.id.clone();
+    let ck = tokio::spawn(async move { d2.create_checkpoint(None, &id, "gv/killed", true).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.proc.kill();
+    assert!(
+        ck.await.unwrap().is_err(),
+        "the checkpoint cannot finish without its node"
+    );
+
+    // The dead node's reaper ends its sandboxes (runsc processes, network holders, slirp4netns).
+    eventually(
+        Duration::from_secs(20),
+        "the dead node's sandboxes end",
+        || sandboxes_running(&node.sandboxes_dir()) == 0,
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the dead node's cgroups are removed",
+        || cgroup_instances(&node.data_dir) == 0,
+    )
+    .await;
+
+    node.restart();
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    let listed = d.list_checkpoints(&Default::default()).await;
+    assert!(
+        listed.checkpoints.is_empty(),
+        "no half checkpoint listed: {:?}",
+        listed.checkpoints
+    );
+    assert!(
+        d.get(None, &a_rec.id).await.is_err(),
+        "the lost sandbox is gone"
+    );
+    stop(&tmp, d, node).await;
+}
+
+/// The unmodified Python SDK on a gateway whose embedded node runs gvisor: the envd and
+/// data-plane scenarios the built-in runtime passes, and memory across pause, connect and
+/// full snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_sdk_works_and_keeps_memory_on_gvisor() {
+    if runsc().is_none() {
+        return;
+    }
+    ensure_sdks();
+    let (tmp, _) = workspace();
+    let keys = tmp.path().join("api-keys");
+    std::fs::write(&keys, format!("{KEY_A} team-a\n{KEY_B} team-b\n")).unwrap();
+    let data = tmp.path().join("gw");
+    let mut gw = Proc::spawn(&serve_args(
+        &data,
+        &[
+            "--runtime",
+            "gvisor",
+            "--pool",
+            "base=2",
+            "--pool",
+            "base/egress=2",
+            "--api-keys",
+            &keys.display().to_string(),
+        ],
+    ));
+    let line = gw.wait_line("export E2B_SANDBOX_URL=", Duration::from_secs(60));
+    let url = line.rsplit('=').next().unwrap().trim().to_string();
+    let env = vec![("E2B_API_URL", url.clone()), ("E2B_SANDBOX_URL", url)];
+    tokio::task::block_in_place(|| {
+        scenarios::pytest(
+            "2.63.0",
+            &["test_envd.py", "test_dataplane.py", "test_gvisor.py"],
+            &[],
+            &env,
+            &[
+                "the async client is built from the debug options",
+                "signed URLs route by host name: domain mode only",
+            ],
+        );
+    });
+    gw.terminate();
+    assert_no_leaks(tmp.path(), &[data.join("node/sandboxes")]).await;
+    assert_eq!(cgroup_instances(&data.join("node")), 0);
+}
+
+fn host_kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The host's IPv4 interface addresses other than loopback.
+fn host_ipv4() -> Vec<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    out.lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|a| a.split('/').next())
+        .filter(|a| !a.starts_with("127."))
+        .map(str::to_string)
+        .collect()
+}
