@@ -19,6 +19,8 @@ mod cluster;
 mod commands;
 mod common;
 mod envd;
+mod gvisor;
+mod gvisor_pool;
 mod kube;
 mod transfers;
 
@@ -93,6 +95,8 @@ const SECTIONS: &[&str] = &[
     "idle",
     "boundary",
     "cluster",
+    "gvisor-verbs",
+    "gvisor-pool",
 ];
 
 const VERB_RUNS: usize = 7;
@@ -111,6 +115,7 @@ struct Run {
     idle: Option<boundary::IdleMemory>,
     cold: Option<boundary::ColdStart>,
     cluster: Option<cluster::ClusterBench>,
+    gvisor: gvisor::GvisorRun,
 }
 
 const POOL: u32 = 128;
@@ -174,6 +179,9 @@ fn measure(rt: &tokio::runtime::Runtime, sections: &[&str], opts: &Options) -> R
                     rt.block_on(cluster::bench_visibility(20, Duration::from_secs(30)))?;
                 run.cluster = Some(cluster::ClusterBench { runs, visibility });
             }
+            s @ ("gvisor-verbs" | "gvisor-pool") => {
+                rt.block_on(gvisor::measure(s, samples, &mut run.gvisor))?
+            }
             other => {
                 return Err(
                     format!("unknown section {other:?} (one of {})", SECTIONS.join(", ")).into(),
@@ -227,6 +235,7 @@ fn render_sections(run: &Run) -> String {
     if let Some(c) = &run.cluster {
         cluster::render_cluster(&mut o, c);
     }
+    gvisor::render(&mut o, &run.gvisor);
     o
 }
 
@@ -486,6 +495,7 @@ fn render_summary(run: &Run) -> String {
             "all nodes on this one machine, where rounds that outlast the nodes' 20 ms refill delay compete with replacement boots: not fleet scaling",
         );
     }
+    gvisor::summary_rows(&mut o, &run.gvisor);
     let missed: Vec<String> = o
         .lines()
         .filter(|l| {
@@ -520,7 +530,8 @@ fn render(machine: &str, command: &str, run: &Run) -> String {
          Machine: {machine} (line tables kept for profiling), run as root. Sandboxes run in the \
          built-in runtime (each a supervisor, an init and the agent in their own user, mount, \
          pid, network, IPC, UTS and cgroup namespaces, on an overlay of the `base` template and \
-         their own ext4 disk image, with cgroup limits and seccomp); every node and gateway the \
+         their own ext4 disk image, with cgroup limits and seccomp), except in the gVisor sections, \
+         which say so; every node and gateway the \
          bench starts gets `--templates-dir` (the tests' `target/test-templates`, with `base` \
          built once). `--samples` (default 2000) sets the sampled sections' sizes; each section \
          names its runs and samples. Percentiles sort the samples and take index \
