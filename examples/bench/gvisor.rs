@@ -1,0 +1,477 @@
+//! The gVisor runtime side by side with the built-in one, in the same run: pause, resume,
+//! snapshot and fork of a sandbox holding touched memory (gVisor captures it; the built-in
+//! runtime freezes in place and copies files), and warm claims and memory per idle sandbox of a
+//! warm pool. The reference's published microVM figures stand beside them as a fixed column.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sandbox_gateway::dispatch::{ClaimRequest, Dispatcher, DispatcherConfig};
+use sandbox_gateway::model::{PoolKey, SandboxRecord, ids};
+
+use crate::common::*;
+use crate::envd::{Envd, Via, check};
+use crate::gvisor_pool::{PoolCost, bench_pool, render_pool};
+
+pub const RUNTIMES: [&str; 2] = ["builtin", "gvisor"];
+/// The reference's published figures (cocoonstack, `docs/lifecycle.md` and the snapshot-clone
+/// tier), quoted, not measured here.
+const REF_PAUSE: &str = "315 ms";
+const REF_RESUME: &str = "109 ms";
+const REF_FORK: &str = "28–75 ms";
+/// Big enough for 512 MiB touched plus Python and, on gVisor, the Sentry and the in-memory
+/// root overlay.
+const SIZE: &str = "medium";
+
+/// One runtime at one amount of touched memory: the medians of the runs.
+pub struct VerbRow {
+    pub runtime: &'static str,
+    pub mib: u64,
+    /// The sandbox's memory in use (its cgroup, as the node measures it) once touched, and
+    /// while paused.
+    pub mem_used: u64,
+    pub mem_paused: u64,
+    /// What the pause left on the node's disk (the instance's `paused` image).
+    pub image: u64,
+    /// What the snapshot's checkpoint holds.
+    pub captured: u64,
+    pub pause: Duration,
+    pub resume: Duration,
+    /// Resume called until the resumed sandbox answered a command.
+    pub resume_answered: Duration,
+    pub snapshot: Duration,
+    /// Fork called until the child answered a command.
+    pub fork: Duration,
+    /// The process that holds the memory goes on after resume, and in the fork child.
+    pub kept: bool,
+    pub child_kept: bool,
+}
+
+pub struct MemoryVerbs {
+    pub runs: usize,
+    pub rows: Vec<VerbRow>,
+}
+
+impl MemoryVerbs {
+    fn row(&self, runtime: &str, mib: u64) -> Option<&VerbRow> {
+        self.rows
+            .iter()
+            .find(|r| r.runtime == runtime && r.mib == mib)
+    }
+}
+
+/// Allocates N MiB (argv[1]), fills it with a random 1 MiB block repeated (deflate cannot
+/// shrink it), writes its pid to /tmp/touched and sleeps.
+const TOUCH: &str = r#"import os, sys, time
+n = int(sys.argv[1])
+b = bytearray(n << 20)
+block = os.urandom(1 << 20)
+for i in range(n):
+    b[i << 20:(i + 1) << 20] = block
+with open("/tmp/touched.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace("/tmp/touched.tmp", "/tmp/touched")
+time.sleep(1 << 20)
+"#;
+
+fn envd_of(r: &SandboxRecord) -> Envd {
+    Envd::new(Via::Node {
+        data: r.address.clone(),
+        id: r.id.clone(),
+        token: r.token.clone(),
+    })
+}
+
+/// Whether process `pid` runs in the sandbox, on a fresh connection.
+async fn alive(r: &SandboxRecord, pid: &str) -> Res<bool> {
+    let out = check(
+        &mut envd_of(r),
+        &format!("kill -0 {pid} 2>/dev/null && echo alive || echo gone"),
+    )
+    .await?;
+    Ok(out.trim() == "alive")
+}
+
+/// Starts the toucher for `mib` MiB and waits until it has touched it all; returns its pid.
+async fn touch(r: &SandboxRecord, mib: u64) -> Res<String> {
+    let cmd = format!(
+        "cat > /tmp/touch.py <<'EOF'\n{TOUCH}EOF\n\
+         setsid nohup python3 /tmp/touch.py {mib} >/tmp/touch.log 2>&1 &\n\
+         for i in $(seq 1200); do [ -s /tmp/touched ] && break; sleep 0.1; done\n\
+         [ -s /tmp/touched ] || {{ cat /tmp/touch.log >&2; exit 1; }}\n\
+         cat /tmp/touched"
+    );
+    Ok(check(&mut envd_of(r), &cmd).await?.trim().to_string())
+}
+
+/// Allocated bytes of a directory tree (0 when it is absent).
+fn tree_bytes(p: &Path) -> u64 {
+    let Ok(m) = std::fs::symlink_metadata(p) else {
+        return 0;
+    };
+    if !m.is_dir() {
+        return m.blocks() * 512;
+    }
+    std::fs::read_dir(p)
+        .map(|d| d.flatten().map(|e| tree_bytes(&e.path())).sum())
+        .unwrap_or(0)
+}
+
+/// `runs` rounds of pause, resume, snapshot (a checkpoint, deleted) and fork (one child,
+/// released once it answered) on a sandbox of each runtime that touched each of `sizes` MiB.
+pub async fn bench_memory_verbs(sizes: &[u64], runs: usize) -> Res<MemoryVerbs> {
+    let mut rows = Vec::new();
+    for runtime in RUNTIMES {
+        let token = ids::random_hex(16);
+        let node = Daemon::node_with(&NodeSpec {
+            token: &token,
+            name: &format!("mem-{runtime}"),
+            pools: &[format!("base/none/{SIZE}=0")],
+            extra: &["--runtime".into(), runtime.into()],
+        })?;
+        let cfg = DispatcherConfig {
+            call_timeout: Duration::from_secs(300),
+            ..Default::default()
+        };
+        let d = Dispatcher::new(cfg, &token);
+        d.add_node(&node.address)?;
+        d.wait_for_nodes(1, Duration::from_secs(30)).await?;
+        let memory = runtime == "gvisor";
+        for &mib in sizes {
+            eprintln!("  {runtime}, {mib} MiB touched...");
+            let sb = d
+                .claim(ClaimRequest {
+                    namespace: "bench".into(),
+                    name: format!("mem-{mib}"),
+                    key: PoolKey::new("base", "none", SIZE)?,
+                    ttl_seconds: 3600,
+                    metadata: Default::default(),
+                    env_vars: Default::default(),
+                    lifecycle: Default::default(),
+                })
+                .await?
+                .record;
+            let pid = touch(&sb, mib).await?;
+            let mem_used = d.stats(None, &sb.id).await?.mem_used_bytes;
+            let image_dir = PathBuf::from(&sb.state_dir).join("paused");
+            let mut t: [Vec<Duration>; 5] = Default::default();
+            let (mut mem_paused, mut image, mut captured) = (0, 0, 0);
+            let (mut kept, mut child_kept) = (true, true);
+            for _ in 0..runs {
+                let s = Instant::now();
+                d.set_paused(None, &sb.id, true).await?;
+                t[0].push(s.elapsed());
+                image = tree_bytes(&image_dir);
+                mem_paused = d.stats(None, &sb.id).await?.mem_used_bytes;
+                let s = Instant::now();
+                d.set_paused(None, &sb.id, false).await?;
+                t[1].push(s.elapsed());
+                kept &= alive(&sb, &pid).await?;
+                t[2].push(s.elapsed());
+                let s = Instant::now();
+                let ck = d.create_checkpoint(None, &sb.id, "", memory).await?;
+                t[3].push(s.elapsed());
+                captured = ck.size_bytes;
+                d.delete_checkpoint(&ck.id, "").await?;
+                let s = Instant::now();
+                let kids = d.fork(None, &sb.id, 1, 600).await?;
+                let mut answered = Ok(());
+                for k in &kids {
+                    match alive(k, &pid).await {
+                        Ok(a) => child_kept &= a,
+                        Err(e) => answered = Err(e),
+                    }
+                }
+                t[4].push(s.elapsed());
+                for k in &kids {
+                    d.release(None, &k.id).await?;
+                }
+                answered?;
+            }
+            d.release(None, &sb.id).await?;
+            let [pause, resume, resume_answered, snapshot, fork] = t.map(median);
+            rows.push(VerbRow {
+                runtime,
+                mib,
+                mem_used,
+                mem_paused,
+                image,
+                captured,
+                pause,
+                resume,
+                resume_answered,
+                snapshot,
+                fork,
+                kept,
+                child_kept,
+            });
+        }
+        d.shutdown().await;
+        node.stop();
+    }
+    Ok(MemoryVerbs { runs, rows })
+}
+
+/// What the gVisor sections measured (those that ran).
+#[derive(Default)]
+pub struct GvisorRun {
+    pub verbs: Option<MemoryVerbs>,
+    pub pool: Option<Vec<PoolCost>>,
+}
+
+/// Runs one gVisor section: `gvisor-verbs` (3 rounds at 64, 256 and 512 MiB touched) or
+/// `gvisor-pool` (a pool of 8, samples/20 warm claims, 16 to 64).
+pub async fn measure(section: &str, samples: usize, run: &mut GvisorRun) -> Res<()> {
+    match section {
+        "gvisor-verbs" => run.verbs = Some(bench_memory_verbs(&[64, 256, 512], 3).await?),
+        _ => run.pool = Some(bench_pool(8, (samples / 20).clamp(16, 64)).await?),
+    }
+    Ok(())
+}
+
+fn mib_cell(bytes: u64) -> String {
+    format!("{:.0} MiB", mib(bytes))
+}
+
+/// Milliseconds to about three significant digits.
+fn ms0(d: Duration) -> String {
+    match d.as_secs_f64() * 1000.0 {
+        m if m < 10.0 => format!("{m:.2} ms"),
+        m if m < 100.0 => format!("{m:.1} ms"),
+        m => format!("{m:.0} ms"),
+    }
+}
+
+fn ms_f(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Whether gVisor's pause grows with touched memory only: its image grows by about the
+/// added touched memory (not by the memory limit), and its time grows with it. The verdict
+/// and the fit (fixed part and cost per 100 MiB).
+fn pause_verdict(v: &MemoryVerbs) -> Option<(bool, String)> {
+    let rows: Vec<&VerbRow> = v.rows.iter().filter(|r| r.runtime == "gvisor").collect();
+    let (lo, hi) = (rows.first()?, rows.last()?);
+    if hi.mib <= lo.mib {
+        return None;
+    }
+    let added = (hi.mib - lo.mib) as f64;
+    let grew = mib(hi.image.saturating_sub(lo.image));
+    let per_100 = (ms_f(hi.pause) - ms_f(lo.pause)) / added * 100.0;
+    let fixed = ms_f(lo.pause) - per_100 * lo.mib as f64 / 100.0;
+    let monotonic = rows.windows(2).all(|w| w[1].pause >= w[0].pause);
+    let tracks = grew >= 0.8 * added && grew <= 1.25 * added;
+    let small = mib(lo.image) < 4.0 * lo.mib as f64 + 64.0;
+    let ok = tracks && small && monotonic;
+    Some((
+        ok,
+        format!(
+            "image {:.0} → {:.0} MiB for {} → {} MiB touched (+{grew:.0} MiB for +{added:.0}); \
+             pause ≈ {fixed:.0} ms + {per_100:.0} ms per 100 MiB{}",
+            mib(lo.image),
+            mib(hi.image),
+            lo.mib,
+            hi.mib,
+            if monotonic {
+                ""
+            } else {
+                "; not monotonic in the size"
+            }
+        ),
+    ))
+}
+
+/// The "At a glance" rows (same columns as main's table).
+pub fn summary_rows(o: &mut String, g: &GvisorRun) {
+    let meets = |ok: bool| {
+        if ok {
+            "meets the target"
+        } else {
+            "misses the target"
+        }
+    };
+    if let Some(v) = &g.verbs {
+        if let Some(r) = v.row("gvisor", 256) {
+            let _ = writeln!(
+                o,
+                "| gVisor resume with 256 MiB touched (median; until it answers a command) | {} ({}) | reference {REF_RESUME} (published); target ≤ 150 ms | {} |",
+                ms0(r.resume),
+                ms0(r.resume_answered),
+                meets(ms_f(r.resume) <= 150.0)
+            );
+            let _ = writeln!(
+                o,
+                "| gVisor pause / fork (child answering) with 256 MiB touched (median) | {} / {} | reference {REF_PAUSE} / {REF_FORK} (published) | {} |",
+                ms0(r.pause),
+                ms0(r.fork),
+                match (ms_f(r.pause) <= 315.0, ms_f(r.fork) <= 75.0) {
+                    (true, true) => "both ahead",
+                    (true, false) => "pause ahead, fork behind",
+                    (false, true) => "pause behind, fork ahead",
+                    (false, false) => "both behind",
+                }
+            );
+        }
+        if let Some((ok, fit)) = pause_verdict(v) {
+            let _ = writeln!(
+                o,
+                "| gVisor pause proportional to touched memory only | {fit} | target: proportional to touched memory only | {} |",
+                meets(ok)
+            );
+        }
+    }
+    if let Some(p) = &g.pool {
+        let cell = |f: &dyn Fn(&PoolCost) -> String| {
+            p.iter()
+                .map(|c| format!("{} {}", c.runtime, f(c)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let by = |rt: &str| p.iter().find(|c| c.runtime == rt);
+        let (claims, memory) = match (by("gvisor"), by("builtin")) {
+            (Some(g), Some(b)) => (
+                format!(
+                    "gVisor's p50 {:.2}× and p99 {:.1}× builtin's: the hand-over does not touch \
+                     the runtime, but the refill's boots share the machine",
+                    g.claim.p50.as_secs_f64() / b.claim.p50.as_secs_f64().max(1e-9),
+                    g.claim.p99.as_secs_f64() / b.claim.p99.as_secs_f64().max(1e-9)
+                ),
+                format!(
+                    "gVisor {:.1}× builtin; both far below a microVM's reservation",
+                    g.cgroup as f64 / (b.cgroup as f64).max(1.0)
+                ),
+            ),
+            _ => ("—".to_string(), "—".to_string()),
+        };
+        let _ = writeln!(
+            o,
+            "| warm claim p50 / p99 from a pool of {}, builtin and gVisor | {} | sandboxd 0.2–0.7 ms | {claims} |",
+            p.first().map_or(0, |c| c.pool),
+            cell(&|c| format!("{} / {}", ms(c.claim.p50), ms(c.claim.p99)))
+        );
+        let _ = writeln!(
+            o,
+            "| memory per idle sandbox (its cgroup, less inactive page cache), builtin and gVisor | {} | a microVM's guest memory (512 MiB for 1 CPU) | {memory} |",
+            cell(&|c| format!("{:.1} MiB", mib(c.cgroup)))
+        );
+    }
+}
+
+pub fn render(o: &mut String, g: &GvisorRun) {
+    if let Some(v) = &g.verbs {
+        render_verbs(o, v);
+    }
+    if let Some(p) = &g.pool {
+        render_pool(o, p);
+    }
+}
+
+fn render_verbs(o: &mut String, v: &MemoryVerbs) {
+    let _ = writeln!(
+        o,
+        "## gVisor: pause, resume, snapshot and fork against touched memory\n"
+    );
+    let _ = writeln!(
+        o,
+        "Method: for each runtime in turn, one `sandbox-gateway node --runtime RUNTIME` \
+         (gVisor: runsc, platform ptrace); per row one claimed `base/none/{SIZE}` sandbox \
+         (1 GiB limit; net `none`, since gVisor sandboxes with internet access are only \
+         frozen) in which, through envd over the node's data plane, a python3 process \
+         allocates a bytearray of N MiB, fills it with a random 1 MiB block repeated (no \
+         compression shrinks it) and sleeps. Then, through the dispatcher over loopback gRPC, \
+         {} rounds of: pause; resume (timed until the call returns, and until the sandbox \
+         answers a command on a new connection); snapshot (a checkpoint, with memory on \
+         gVisor; then deleted); fork (one child, timed until the child answers a command; then \
+         released). Medians. \"in use\" is the sandbox's cgroup memory after touching and \
+         while paused; \"pause image\" is what the pause left on the node's disk; \"snapshot\" \
+         is the checkpoint's size; \"same process\" says whether the touching process still \
+         runs after resume / in the fork child. The reference column is the reference's \
+         published figures for a microVM (512 MiB guest), not measured here.\n",
+        v.runs
+    );
+    let _ = writeln!(
+        o,
+        "| runtime | touched | in use / paused | pause image | snapshot | pause | resume (answering) | snapshot | fork (child answering) | same process after resume / in child |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    for r in &v.rows {
+        let _ = writeln!(
+            o,
+            "| {} | {} MiB | {} / {} | {} | {} | {} | {} ({}) | {} | {} | {} / {} |",
+            r.runtime,
+            r.mib,
+            mib_cell(r.mem_used),
+            mib_cell(r.mem_paused),
+            mib_cell(r.image),
+            mib_cell(r.captured),
+            ms0(r.pause),
+            ms0(r.resume),
+            ms0(r.resume_answered),
+            ms0(r.snapshot),
+            ms0(r.fork),
+            yes(r.kept),
+            yes(r.child_kept)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "| reference (published, microVM, not measured) | 512 MiB guest | — | — | — | {REF_PAUSE} | {REF_RESUME} | — | {REF_FORK} (snapshot clone) | — |"
+    );
+    let sizes: Vec<u64> = {
+        let mut s: Vec<u64> = v.rows.iter().map(|r| r.mib).collect();
+        s.sort();
+        s.dedup();
+        s
+    };
+    let _ = writeln!(o, "\ngVisor / builtin (median times):\n");
+    let _ = writeln!(o, "| touched | pause | resume | snapshot | fork |");
+    let _ = writeln!(o, "|---|---|---|---|---|");
+    for mib in sizes {
+        if let (Some(g), Some(b)) = (v.row("gvisor", mib), v.row("builtin", mib)) {
+            let x = |a: Duration, b: Duration| {
+                format!("{:.1}×", a.as_secs_f64() / b.as_secs_f64().max(1e-9))
+            };
+            let _ = writeln!(
+                o,
+                "| {mib} MiB | {} | {} | {} | {} |",
+                x(g.pause, b.pause),
+                x(g.resume, b.resume),
+                x(g.snapshot, b.snapshot),
+                x(g.fork, b.fork)
+            );
+        }
+    }
+    let _ = writeln!(o);
+    if let Some(r) = v.row("gvisor", 256) {
+        let _ = writeln!(
+            o,
+            "Target, resume ≤ 150 ms at 256 MiB: gVisor resumed in {} (answering after {}): {}.",
+            ms0(r.resume),
+            ms0(r.resume_answered),
+            if ms_f(r.resume) <= 150.0 {
+                "meets it"
+            } else {
+                "misses it"
+            }
+        );
+    }
+    if let Some((ok, fit)) = pause_verdict(v) {
+        let _ = writeln!(
+            o,
+            "Target, pause proportional to touched memory only: {fit}: {}.",
+            if ok { "meets it" } else { "misses it" }
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nNot the same operations: the built-in runtime's pause freezes the cgroup in place \
+         (memory stays resident, nothing is written) and its snapshot and fork copy the disk \
+         image, so a fork child starts fresh processes; gVisor's pause checkpoints memory, \
+         processes and files to the node's disk and frees the memory, its resume restores \
+         them, and a snapshot or fork checkpoints the running source and restores it (the \
+         source is stopped meanwhile) and, for a fork, restores a child from the same image.\n"
+    );
+}
