@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod dataplane;
 mod identify;
 mod leases;
+mod metadata;
 mod ops;
 mod pools;
 pub mod runtime;
