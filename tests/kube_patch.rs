@@ -7,8 +7,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
@@ -214,9 +215,44 @@ async fn kubectl_patches_applies_edits_and_replaces() {
             .contains("demo")
     );
 
-    // kubectl label and annotate (merge patches); lists show them too.
+    // kubectl label and annotate (merge patches); lists show them too, and `kubectl get -w`
+    // prints the change.
+    let mut kw = k
+        .cmd(&[
+            "get",
+            "sandboxes",
+            "-l",
+            "app=db",
+            "-w",
+            "--output-watch-events",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = kw.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let header = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(header.contains("EVENT"), "{header}");
+    let listed = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(
+        listed.contains("ADDED") && listed.contains("demo"),
+        "{listed}"
+    );
     let out = k.ok(&["label", "sandbox", "demo", "tier=gold"], None);
     assert!(out.contains("labeled"), "{out}");
+    let printed = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(
+        printed.contains("MODIFIED") && printed.contains("demo"),
+        "{printed}"
+    );
+    let _ = kw.kill();
+    let _ = kw.wait();
     modified(&mut watch, &mut buf, "tier=gold", |o| {
         o["metadata"]["labels"]["tier"] == "gold"
     })

@@ -420,23 +420,18 @@ fn operating_mode(r: &SandboxRecord) -> &'static str {
     }
 }
 
-/// `spec.shutdownTime` as reads show it: the requested time while the granted deadline is
-/// that time give or take the rounding to whole seconds (so an unchanged manifest stays
-/// unchanged), else the deadline in force (clamped by the node, or moved by a renew).
+/// `spec.shutdownTime` as reads show it: the time last asked for through Kubernetes, as it
+/// was written (so an unchanged manifest stays unchanged, and the spec says what the client
+/// wants while the `deadline` annotation says what the node granted); without one, the
+/// deadline in force.
 pub fn shown_shutdown_time(r: &SandboxRecord, requested: Option<&Value>) -> Value {
-    if let Some(raw) = requested.and_then(Value::as_str)
-        && let Ok(t) = DateTime::parse_from_rfc3339(raw)
-        && (r.deadline - t.with_timezone(&Utc))
-            .num_milliseconds()
-            .abs()
-            < 2000
-    {
-        return Value::from(raw);
+    match requested {
+        Some(Value::String(raw)) => Value::from(raw.as_str()),
+        _ => Value::from(timestamp(r.deadline)),
     }
-    Value::from(timestamp(r.deadline))
 }
 
-/// The stored spec with the live operating mode and shutdown time.
+/// The stored spec with the live operating mode (and the deadline when it asked for no time).
 fn echoed_spec(r: &SandboxRecord, mut spec: serde_json::Map<String, Value>) -> Value {
     let shutdown = shown_shutdown_time(r, spec.get("shutdownTime"));
     spec.insert("shutdownTime".into(), shutdown);

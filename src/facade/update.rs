@@ -334,8 +334,19 @@ mod tests {
         );
         assert_eq!(
             c["spec"]["shutdownTime"], "2030-01-01T00:10:00Z",
-            "the requested time while the deadline is its rounding"
+            "the requested time, as written"
         );
+        // The node clamped or moved the lease: the spec still says what was asked, the
+        // deadline annotation what was granted.
+        let mut moved = record();
+        moved.deadline = now() + TimeDelta::minutes(3);
+        let m = current(&moved);
+        assert_eq!(m["spec"]["shutdownTime"], "2030-01-01T00:10:00Z");
+        assert_eq!(
+            m["metadata"]["annotations"]["sandbox.cocoonstack.io/deadline"],
+            "2030-01-01T00:03:00Z"
+        );
+        assert!(plan(&moved, &m, &m, None, now()).unwrap().is_noop());
         assert_eq!(c["spec"]["operatingMode"], "Running");
         assert_eq!(c["metadata"]["annotations"]["note"], "x");
         assert!(plan_of(&r, json!({})).unwrap().is_noop());
