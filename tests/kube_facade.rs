@@ -613,7 +613,7 @@ async fn the_wire_protocol() {
     assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
     assert_eq!(body["details"]["kind"], "sandboxes");
     let r = c
-        .patch(format!("{base}/nope"))
+        .post(format!("{base}/nope"))
         .bearer_auth(KEY_A)
         .body("{}")
         .send()

@@ -7,11 +7,11 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use serde_json::Value;
 
-use super::objects::LABEL_PREFIX;
 use super::openapi;
 use super::status::{KubeError, KubeResult};
 use super::types::{API_VERSION, KIND, SandboxSpec, keys};
-use crate::dispatch::ClaimRequest;
+use super::{objects, stored, update};
+use crate::dispatch::{ClaimRequest, Claimed};
 use crate::model::PoolKey;
 
 /// A create request, checked.
@@ -46,7 +46,7 @@ pub fn valid_name(name: &str) -> bool {
         && b[b.len() - 1].is_ascii_alphanumeric()
 }
 
-fn str_map(v: Option<&Value>, what: &str) -> KubeResult<BTreeMap<String, String>> {
+pub(super) fn str_map(v: Option<&Value>, what: &str) -> KubeResult<BTreeMap<String, String>> {
     let Some(v) = v else {
         return Ok(BTreeMap::new());
     };
@@ -304,10 +304,13 @@ pub fn check(body: &[u8], namespace: &str, validation: Option<&str>) -> KubeResu
             e.message
         ))
     })?;
-    let metadata = labels
-        .iter()
-        .map(|(k, v)| (format!("{LABEL_PREFIX}{k}"), v.clone()))
-        .collect();
+    let causes = update::check_keys(&labels, &annotations);
+    if !causes.is_empty() {
+        return Err(KubeError::invalid_fields(&name, &causes));
+    }
+    // Kept with the claim so that reads echo them and later updates compare against them.
+    let metadata = stored::encode(&labels, &annotations, Some(&spec_value));
+    update::check_size(&name, &metadata)?;
     if let Some(o) = object.as_object_mut() {
         o.entry("apiVersion")
             .or_insert_with(|| Value::from(API_VERSION));
@@ -327,6 +330,61 @@ pub fn check(body: &[u8], namespace: &str, validation: Option<&str>) -> KubeResu
         object,
         warnings,
     })
+}
+
+/// The create reply: the submitted object with what the claim made of it (name, uid,
+/// resourceVersion, the system labels and annotations, the token, the status).
+pub fn reply(mut object: Value, claimed: &Claimed, ns: &str, rv: u64) -> Value {
+    let r = &claimed.record;
+    let meta = object.as_object_mut().map(|o| {
+        o.entry("metadata")
+            .or_insert_with(|| Value::Object(Default::default()))
+    });
+    if let Some(Value::Object(m)) = meta {
+        m.insert("name".into(), Value::from(r.name()));
+        m.insert("namespace".into(), Value::from(ns));
+        m.insert("uid".into(), Value::from(objects::uid(&r.id)));
+        m.insert("resourceVersion".into(), Value::from(rv.to_string()));
+        m.insert("generation".into(), Value::from(1));
+        m.insert(
+            "creationTimestamp".into(),
+            Value::from(objects::timestamp(r.claimed_at)),
+        );
+        let labels = m
+            .entry("labels")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(l) = labels.as_object_mut() {
+            for (k, v) in objects::labels(r) {
+                l.insert(k, Value::from(v));
+            }
+        }
+        let annotations = m
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if !annotations.is_object() {
+            *annotations = Value::Object(Default::default());
+        }
+        if let Some(a) = annotations.as_object_mut() {
+            for (k, v) in objects::annotations(r) {
+                a.insert(k, Value::from(v));
+            }
+            // Only the create reply carries the sandbox's credential.
+            a.insert(keys::TOKEN.into(), Value::from(r.token.as_str()));
+        }
+    }
+    let mut status = objects::status(r);
+    if let Some(c) = status["conditions"].get_mut(0) {
+        let how = if claimed.warm {
+            "warm sandbox"
+        } else {
+            "sandbox"
+        };
+        c["message"] = Value::from(format!("{how} {:?} delivered by node {:?}", r.id, r.node));
+    }
+    if let Some(o) = object.as_object_mut() {
+        o.insert("status".into(), status);
+    }
+    object
 }
 
 #[cfg(test)]

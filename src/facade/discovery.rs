@@ -17,7 +17,9 @@ pub const AGGREGATED_V2: &str =
 const AGGREGATED_V2BETA1: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
 
-const VERBS: [&str; 5] = ["create", "delete", "get", "list", "watch"];
+const VERBS: [&str; 7] = [
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
 
 /// Which aggregated discovery version the client asked for, if any.
 fn aggregated(req: &HttpRequest) -> Option<&'static str> {
@@ -180,8 +182,9 @@ pub async fn openapi_v3_group_version(
         .body(openapi::group_version_bytes()))
 }
 
-/// An empty v2 document: as protobuf (an empty gnostic `Document`) for kubectl, as JSON for
-/// others. The real schema is in the v3 document.
+/// The v2 document: as protobuf an empty gnostic `Document` (kubectl then validates nothing
+/// client-side and reads the v3 document instead), as JSON the operations (see
+/// `openapi::v2`). The real schema is in the v3 document.
 pub async fn openapi_v2(facade: web::Data<Facade>, req: HttpRequest) -> KubeResult<HttpResponse> {
     path_allowed(&facade, &req).await?;
     let wants_protobuf = req
@@ -194,9 +197,6 @@ pub async fn openapi_v2(facade: web::Data<Facade>, req: HttpRequest) -> KubeResu
             .content_type("application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
             .body(Vec::<u8>::new())
     } else {
-        reply(
-            "application/json",
-            &json!({"swagger": "2.0", "info": {"title": "sandbox-gateway", "version": API_VERSION}, "paths": {}}),
-        )
+        reply("application/json", openapi::v2())
     })
 }

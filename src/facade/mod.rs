@@ -1,5 +1,5 @@
 //! The Kubernetes aggregated-API facade for `agents.x-k8s.io/v1beta1` sandboxes: discovery,
-//! OpenAPI, list/get/watch/create/delete and the lifecycle subresources, on its own TLS
+//! OpenAPI, list/get/watch/create/delete/patch/update and the lifecycle subresources, on its own TLS
 //! listener, over the same dispatcher as the e2b surface.
 
 pub mod auth;
@@ -9,12 +9,18 @@ pub mod inventories;
 pub mod kubeconfig;
 pub mod objects;
 pub mod openapi;
+pub mod patch;
 pub mod sandboxes;
 pub mod selectors;
 pub mod status;
+pub mod stored;
+pub mod table;
 pub mod tls;
 pub mod types;
+pub mod update;
+pub mod validation;
 pub mod watch;
+pub mod writes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,6 +148,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::resource(format!("{GV}/namespaces/{{ns}}/sandboxes/{{name}}"))
                 .route(web::get().to(s::get))
                 .route(web::delete().to(s::delete))
+                .route(web::patch().to(writes::patch))
+                .route(web::put().to(writes::replace))
                 .default_service(web::to(s::method_not_allowed)),
         )
         .service(

@@ -1,5 +1,6 @@
-//! Sandbox objects synthesized from the dispatcher's records (nothing is stored per
-//! sandbox), and their Table rows for `kubectl get`.
+//! Sandbox objects built from the dispatcher's records: what the node reports, plus the
+//! labels, annotations and spec a client stored with the claim (see `stored`). Lists are
+//! written object by object without intermediate values.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -8,12 +9,14 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::stored::{self, ANNOTATION_PREFIX, SYSTEM_ANNOTATIONS, SYSTEM_LABELS};
 use super::types::{API_VERSION, KIND, keys};
 use crate::dispatch::read_view::Entry;
 use crate::model::{Phase, SandboxRecord};
 
-/// Claim-metadata keys under which a sandbox's Kubernetes labels are kept on its node.
-pub const LABEL_PREFIX: &str = "k8s.label/";
+pub use super::stored::LABEL_PREFIX;
+// Tables moved to `table`; the old paths keep working for callers outside the facade.
+pub use super::table::{human_duration, table};
 
 pub fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
@@ -75,7 +78,7 @@ fn user_metadata(r: &SandboxRecord) -> Option<String> {
     let m: BTreeMap<&String, &String> = r
         .metadata
         .iter()
-        .filter(|(k, _)| !k.starts_with(LABEL_PREFIX))
+        .filter(|(k, _)| !stored::is_facade_key(k))
         .collect();
     (!m.is_empty()).then(|| serde_json::to_string(&m).unwrap_or_default())
 }
@@ -146,20 +149,13 @@ impl Serialize for Ts {
 }
 
 /// A number written as a JSON string (resource versions).
-struct NumStr(u64);
+pub(super) struct NumStr(pub(super) u64);
 
 impl Serialize for NumStr {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(&self.0)
     }
 }
-
-const SYSTEM_LABELS: [&str; 4] = [
-    keys::CLAIM_LABEL,
-    keys::NODE_LABEL,
-    keys::PHASE_LABEL,
-    keys::TEMPLATE_LABEL,
-];
 
 struct LabelsJson<'a>(&'a SandboxRecord);
 
@@ -199,13 +195,20 @@ impl Serialize for AnnotationsJson<'_> {
             m.serialize_entry(keys::METADATA, &meta)?;
         }
         m.serialize_entry(keys::TEMPLATE, &r.key.template)?;
+        for (k, v) in &r.metadata {
+            if let Some(k) = k.strip_prefix(ANNOTATION_PREFIX)
+                && !SYSTEM_ANNOTATIONS.contains(&k)
+            {
+                m.serialize_entry(k, v)?;
+            }
+        }
         m.end()
     }
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct MetaJson<'a> {
+pub(super) struct MetaJson<'a> {
     name: Cow<'a, str>,
     namespace: &'a str,
     uid: String,
@@ -216,7 +219,7 @@ struct MetaJson<'a> {
     annotations: AnnotationsJson<'a>,
 }
 
-fn meta_json(r: &SandboxRecord, revision: u64) -> MetaJson<'_> {
+pub(super) fn meta_json(r: &SandboxRecord, revision: u64) -> MetaJson<'_> {
     MetaJson {
         name: name(r),
         namespace: r.namespace(),
@@ -376,6 +379,11 @@ impl Serialize for SandboxJson<'_> {
         o.serialize_field("apiVersion", API_VERSION)?;
         o.serialize_field("kind", KIND)?;
         o.serialize_field("metadata", &meta_json(r, self.revision))?;
+        if let Some(spec) = stored::stored_spec(r) {
+            o.serialize_field("spec", &echoed_spec(r, spec))?;
+            o.serialize_field("status", &status_json(r))?;
+            return o.end();
+        }
         o.serialize_field(
             "spec",
             &SpecJson {
@@ -395,11 +403,7 @@ impl Serialize for SandboxJson<'_> {
                         }],
                     },
                 },
-                operating_mode: if r.phase == Phase::Paused {
-                    "Suspended"
-                } else {
-                    "Running"
-                },
+                operating_mode: operating_mode(r),
                 shutdown_time: Ts(r.deadline),
             },
         )?;
@@ -408,178 +412,51 @@ impl Serialize for SandboxJson<'_> {
     }
 }
 
+fn operating_mode(r: &SandboxRecord) -> &'static str {
+    if r.phase == Phase::Paused {
+        "Suspended"
+    } else {
+        "Running"
+    }
+}
+
+/// `spec.shutdownTime` as reads show it: the time last asked for through Kubernetes, as it
+/// was written (so an unchanged manifest stays unchanged, and the spec says what the client
+/// wants while the `deadline` annotation says what the node granted); without one, the
+/// deadline in force.
+pub fn shown_shutdown_time(r: &SandboxRecord, requested: Option<&Value>) -> Value {
+    match requested {
+        Some(Value::String(raw)) => Value::from(raw.as_str()),
+        _ => Value::from(timestamp(r.deadline)),
+    }
+}
+
+/// The stored spec with the live operating mode (and the deadline when it asked for no time).
+fn echoed_spec(r: &SandboxRecord, mut spec: serde_json::Map<String, Value>) -> Value {
+    let shutdown = shown_shutdown_time(r, spec.get("shutdownTime"));
+    spec.insert("shutdownTime".into(), shutdown);
+    spec.insert("operatingMode".into(), Value::from(operating_mode(r)));
+    Value::Object(spec)
+}
+
 pub fn sandbox(r: &SandboxRecord, revision: u64) -> SandboxJson<'_> {
     SandboxJson { r, revision }
 }
 
-/// Go's `duration.HumanDuration`, as the API server renders ages in tables.
-pub fn human_duration(d: chrono::TimeDelta) -> String {
-    let seconds = d.num_seconds();
-    if seconds < -1 {
-        return "<invalid>".into();
-    }
-    if seconds < 0 {
-        return "0s".into();
-    }
-    if seconds < 120 {
-        return format!("{seconds}s");
-    }
-    let minutes = seconds / 60;
-    if minutes < 10 {
-        let s = seconds % 60;
-        return if s == 0 {
-            format!("{minutes}m")
-        } else {
-            format!("{minutes}m{s}s")
-        };
-    }
-    if minutes < 180 {
-        return format!("{minutes}m");
-    }
-    let hours = seconds / 3600;
-    if hours < 8 {
-        let m = minutes % 60;
-        return if m == 0 {
-            format!("{hours}h")
-        } else {
-            format!("{hours}h{m}m")
-        };
-    }
-    if hours < 48 {
-        return format!("{hours}h");
-    }
-    if hours < 24 * 8 {
-        let h = hours % 24;
-        return if h == 0 {
-            format!("{}d", hours / 24)
-        } else {
-            format!("{}d{h}h", hours / 24)
-        };
-    }
-    if hours < 24 * 365 * 2 {
-        return format!("{}d", hours / 24);
-    }
-    if hours < 24 * 365 * 8 {
-        let dy = (hours / 24) % 365;
-        return if dy == 0 {
-            format!("{}y", hours / 24 / 365)
-        } else {
-            format!("{}y{dy}d", hours / 24 / 365)
-        };
-    }
-    format!("{}y", hours / 24 / 365)
-}
-
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Column {
-    name: &'static str,
-    #[serde(rename = "type")]
-    ty: &'static str,
-    format: &'static str,
-    description: &'static str,
-    priority: i32,
-}
-
-const COLUMNS: [Column; 6] = [
-    Column {
-        name: "Name",
-        ty: "string",
-        format: "name",
-        description: "Name must be unique within a namespace.",
-        priority: 0,
-    },
-    Column {
-        name: "Ready",
-        ty: "string",
-        format: "",
-        description: "Ready condition status",
-        priority: 0,
-    },
-    Column {
-        name: "Reason",
-        ty: "string",
-        format: "",
-        description: "Ready condition reason",
-        priority: 0,
-    },
-    Column {
-        name: "Age",
-        ty: "string",
-        format: "",
-        description: "Time since the sandbox was claimed",
-        priority: 0,
-    },
-    Column {
-        name: "Node",
-        ty: "string",
-        format: "",
-        description: "The node that runs the sandbox",
-        priority: 1,
-    },
-    Column {
-        name: "Template",
-        ty: "string",
-        format: "",
-        description: "The template the sandbox started from",
-        priority: 1,
-    },
-];
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PartialObjectMetadata<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: MetaJson<'a>,
-}
-
-#[derive(Serialize)]
-struct Row<'a> {
-    cells: (
-        Cow<'a, str>,
-        &'static str,
-        &'static str,
-        String,
-        &'a str,
-        &'a str,
-    ),
-    object: PartialObjectMetadata<'a>,
-}
-
-fn row(r: &SandboxRecord, revision: u64, now: DateTime<Utc>) -> Row<'_> {
-    let (ready, reason) = ready(r);
-    Row {
-        cells: (
-            name(r),
-            ready,
-            reason,
-            human_duration(now - r.claimed_at),
-            &r.node,
-            &r.key.template,
-        ),
-        object: PartialObjectMetadata {
-            api_version: "meta.k8s.io/v1",
-            kind: "PartialObjectMetadata",
-            metadata: meta_json(r, revision),
-        },
-    }
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ListMeta {
-    resource_version: NumStr,
+pub(super) struct ListMeta {
+    pub(super) resource_version: NumStr,
     #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
-    continue_token: Option<String>,
+    pub(super) continue_token: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    remaining_item_count: Option<i64>,
+    pub(super) remaining_item_count: Option<i64>,
 }
 
 /// Entries serialized one by one as a JSON array.
-struct Items<'a, T, F: Fn(&'a Entry) -> T> {
-    entries: &'a [Entry],
-    each: F,
+pub(super) struct Items<'a, T, F: Fn(&'a Entry) -> T> {
+    pub(super) entries: &'a [Entry],
+    pub(super) each: F,
 }
 
 impl<'a, T: Serialize, F: Fn(&'a Entry) -> T> Serialize for Items<'a, T, F> {
@@ -602,53 +479,13 @@ struct ListOut<I> {
     items: I,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct TableOut<I> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: ListMeta,
-    column_definitions: &'static [Column; 6],
-    rows: I,
-}
-
 /// An output buffer for `n` items the size of `first`, with a little room to spare, so that a
 /// large list is written without the buffer doubling.
-fn sized_buffer<T: Serialize>(first: Option<T>, n: usize) -> Vec<u8> {
+pub(super) fn sized_buffer<T: Serialize>(first: Option<T>, n: usize) -> Vec<u8> {
     let each = first
         .and_then(|f| serde_json::to_vec(&f).ok())
         .map_or(0, |b| b.len());
     Vec::with_capacity(n * (each + each / 8) + 1024)
-}
-
-/// A `meta.k8s.io/v1` Table of `entries` as of `revision`.
-pub fn table(
-    entries: &[Entry],
-    revision: u64,
-    continue_token: Option<String>,
-    remaining: Option<i64>,
-) -> Vec<u8> {
-    let now = Utc::now();
-    let t = TableOut {
-        api_version: "meta.k8s.io/v1",
-        kind: "Table",
-        metadata: ListMeta {
-            resource_version: NumStr(revision),
-            continue_token,
-            remaining_item_count: remaining,
-        },
-        column_definitions: &COLUMNS,
-        rows: Items {
-            entries,
-            each: |e: &Entry| row(&e.record, e.revision, now),
-        },
-    };
-    let mut out = sized_buffer(
-        entries.first().map(|e| row(&e.record, e.revision, now)),
-        entries.len(),
-    );
-    let _ = serde_json::to_writer(&mut out, &t);
-    out
 }
 
 /// A `SandboxList` of `entries` as of `revision`.
@@ -682,27 +519,9 @@ pub fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::TimeDelta;
 
     #[test]
-    fn ages_read_like_kubectls() {
-        for (secs, want) in [
-            (-5, "<invalid>"),
-            (0, "0s"),
-            (119, "119s"),
-            (120, "2m"),
-            (125, "2m5s"),
-            (600, "10m"),
-            (3 * 3600, "3h"),
-            (3 * 3600 + 60 * 7, "3h7m"),
-            (30 * 3600, "30h"),
-            (3 * 86400 + 3600 * 2, "3d2h"),
-            (40 * 86400, "40d"),
-            (3 * 365 * 86400 + 86400, "3y1d"),
-            (9 * 365 * 86400, "9y"),
-        ] {
-            assert_eq!(human_duration(TimeDelta::seconds(secs)), want, "{secs}");
-        }
+    fn uids_are_stable_per_claim() {
         let u = uid("sb_0123456789abcdef");
         assert_eq!(u.len(), 36);
         assert_eq!(u, uid("sb_0123456789abcdef"));

@@ -1,13 +1,17 @@
 //! OpenAPI for the facade: the v3 index, the `agents.x-k8s.io/v1beta1` document with the
-//! Sandbox schema (generated from `types`), and an empty v2 document. kubectl reads the v3
-//! document for `explain` and to learn that the server validates fields itself (a PATCH
-//! operation declaring `fieldValidation`), so `create -f` needs no client-side schema.
+//! Sandbox schema (generated from `types`, with Kubernetes' patch strategies on keyed lists),
+//! and a v2 document with the operations only. kubectl reads the v3 document for `explain`,
+//! to learn that the server validates fields itself (a PATCH operation declaring
+//! `fieldValidation`), so `create -f` needs no client-side schema, and to compute the
+//! strategic merge patch of a client-side `kubectl apply` (the PATCH operation accepts
+//! `application/strategic-merge-patch+json`).
 
 use std::sync::OnceLock;
 
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
+use super::patch::{CONTENT_TYPES, MERGE_KEYS};
 use super::types::{
     self, API_VERSION, GROUP, KIND, Sandbox, SandboxForkOptions, SandboxForkResult,
     SandboxPauseOptions, SandboxResumeOptions, SandboxSnapshotOptions, SandboxSnapshotResult,
@@ -76,6 +80,7 @@ fn build() -> Docs {
     let mut schemas_value = Value::Object(schemas);
     rewrite_refs(&mut schemas_value, &renames);
     structural_nullables(&mut schemas_value);
+    patch_strategies(&mut schemas_value);
     let Value::Object(schemas) = schemas_value else {
         return empty_docs();
     };
@@ -128,14 +133,24 @@ fn build() -> Docs {
                    "x-kubernetes-group-version-kind": gvk_obj,
                    "parameters": [param("dryRun", "query", false)],
                    "responses": ok(sandbox_ref.clone())},
-        // Declared so that kubectl knows the server validates fields itself; an actual PATCH
-        // is answered 405 (a sandbox is a claim, not a stored object).
+        "put": {"operationId": "replaceNamespacedSandbox", "x-kubernetes-action": "put",
+                "x-kubernetes-group-version-kind": gvk_obj,
+                "parameters": [param("dryRun", "query", false), param("fieldManager", "query", false),
+                               param("fieldValidation", "query", false)],
+                "requestBody": json_body(sandbox_ref.clone()),
+                "responses": ok(sandbox_ref.clone())},
+        // `fieldValidation` tells kubectl the server validates fields itself; the
+        // strategic-merge media type makes a client-side `kubectl apply` compute a strategic
+        // merge patch from this document's schema.
         "patch": {"operationId": "patchNamespacedSandbox", "x-kubernetes-action": "patch",
                   "x-kubernetes-group-version-kind": gvk_obj,
                   "parameters": [param("dryRun", "query", false), param("fieldManager", "query", false),
-                                 param("fieldValidation", "query", false)],
-                  "requestBody": json_body(json!({"type": "object"})),
-                  "responses": ok(sandbox_ref.clone())}
+                                 param("fieldValidation", "query", false), param("force", "query", false)],
+                  "requestBody": {"required": true, "content": CONTENT_TYPES.iter()
+                      .map(|ct| (ct.to_string(), json!({"schema": {"type": "object"}})))
+                      .collect::<Map<String, Value>>()},
+                  "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": sandbox_ref.clone()}}},
+                                "201": {"description": "Created", "content": {"application/json": {"schema": sandbox_ref.clone()}}}}}
     }));
     for (sub, kind) in types::SUBRESOURCES {
         let result = match sub {
@@ -230,6 +245,37 @@ fn structural_nullables(v: &mut Value) {
     }
 }
 
+/// Marks the keyed lists the server merges by key (`patch::MERGE_KEYS`) and the sets it
+/// merges (`finalizers`) with Kubernetes' patch extensions, so that kubectl computes strategic
+/// merge patches the way the server applies them.
+fn patch_strategies(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::Object(props)) = map.get_mut("properties") {
+                for (name, prop) in props.iter_mut() {
+                    let Some(p) = prop.as_object_mut() else {
+                        continue;
+                    };
+                    if p.get("items").is_none() {
+                        continue;
+                    }
+                    if let Some((_, key)) = MERGE_KEYS.iter().find(|(f, _)| f == name) {
+                        p.insert("x-kubernetes-patch-merge-key".into(), json!(key));
+                        p.insert("x-kubernetes-patch-strategy".into(), json!("merge"));
+                    } else if name == "finalizers" {
+                        p.insert("x-kubernetes-patch-strategy".into(), json!("merge"));
+                    }
+                }
+            }
+            for value in map.values_mut() {
+                patch_strategies(value);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(patch_strategies),
+        _ => {}
+    }
+}
+
 fn docs() -> &'static Docs {
     static DOCS: OnceLock<Docs> = OnceLock::new();
     DOCS.get_or_init(build)
@@ -251,6 +297,39 @@ pub fn group_version() -> &'static Value {
 
 pub fn hash() -> &'static str {
     &docs().hash
+}
+
+/// `GET /openapi/v2` as JSON: the sandbox operations (with the media types PATCH accepts) and
+/// no schemas. kube-apiserver merges it into its own document; the schema lives in v3, since
+/// the generated one uses OpenAPI 3 forms a v2 consumer may refuse.
+pub fn v2() -> &'static Value {
+    static V2: OnceLock<Value> = OnceLock::new();
+    V2.get_or_init(|| {
+        let gvk = json!({"group": GROUP, "version": VERSION, "kind": KIND});
+        let ok = json!({"200": {"description": "OK", "schema": {"type": "object"}}});
+        let op = |id: &str, action: &str| {
+            json!({"operationId": id, "x-kubernetes-action": action,
+                   "x-kubernetes-group-version-kind": gvk, "produces": ["application/json"],
+                   "responses": ok})
+        };
+        let mut patch = op("patchNamespacedSandbox", "patch");
+        patch["consumes"] = json!(CONTENT_TYPES);
+        let collection = format!("/{GV_PATH}/namespaces/{{namespace}}/{}", types::PLURAL);
+        json!({
+            "swagger": "2.0",
+            "info": {"title": "sandbox-gateway", "version": API_VERSION},
+            "paths": {
+                format!("/{GV_PATH}/{}", types::PLURAL): {"get": op("listSandboxForAllNamespaces", "list")},
+                collection.clone(): {"get": op("listNamespacedSandbox", "list"),
+                                     "post": op("createNamespacedSandbox", "post")},
+                format!("{collection}/{{name}}"): {
+                    "get": op("readNamespacedSandbox", "get"),
+                    "put": op("replaceNamespacedSandbox", "put"),
+                    "patch": patch,
+                    "delete": op("deleteNamespacedSandbox", "delete")},
+            },
+        })
+    })
 }
 
 /// Fields of `value` that the schema `schema_name` does not know, as dotted paths.
@@ -376,6 +455,34 @@ mod tests {
         );
         // The PodSpec schema came along (kubectl explain sandboxes.spec.podTemplate.spec).
         assert!(serde_json::to_string(gv).unwrap().contains("containers"));
+    }
+
+    #[test]
+    fn patch_and_update_are_declared_with_what_strategic_merge_needs() {
+        let gv = group_version();
+        let item =
+            &gv["paths"]["/apis/agents.x-k8s.io/v1beta1/namespaces/{namespace}/sandboxes/{name}"];
+        let content = item["patch"]["requestBody"]["content"].as_object().unwrap();
+        for ct in CONTENT_TYPES {
+            assert!(content.contains_key(ct), "{ct}");
+        }
+        assert_eq!(item["put"]["x-kubernetes-action"], "put");
+        let schemas = gv["components"]["schemas"].as_object().unwrap();
+        let containers = schemas
+            .values()
+            .find_map(|s| s["properties"]["containers"].as_object())
+            .expect("a schema with containers");
+        assert_eq!(containers["x-kubernetes-patch-merge-key"], "name");
+        assert_eq!(containers["x-kubernetes-patch-strategy"], "merge");
+        let v2 = v2();
+        assert_eq!(v2["swagger"], "2.0");
+        let patch = &v2["paths"]["/apis/agents.x-k8s.io/v1beta1/namespaces/{namespace}/sandboxes/{name}"]
+            ["patch"];
+        assert_eq!(
+            patch["consumes"].as_array().unwrap().len(),
+            CONTENT_TYPES.len()
+        );
+        assert_eq!(patch["x-kubernetes-group-version-kind"]["kind"], "Sandbox");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{KubeError, KubeResult};
 use super::types::{
     API_VERSION, ForkChild, SandboxForkOptions, SandboxForkResult, SandboxPauseOptions,
-    SandboxResumeOptions, SandboxSnapshotOptions, SandboxSnapshotResult, keys,
+    SandboxResumeOptions, SandboxSnapshotOptions, SandboxSnapshotResult,
 };
 use super::{Facade, ListSnapshot, watch};
 use crate::dispatch::read_view::Entry;
@@ -36,7 +36,7 @@ pub fn wants_table(req: &HttpRequest) -> bool {
         .is_some_and(|a| a.contains("as=Table"))
 }
 
-fn json_reply(status: actix_web::http::StatusCode, body: Vec<u8>) -> HttpResponse {
+pub(super) fn json_reply(status: actix_web::http::StatusCode, body: Vec<u8>) -> HttpResponse {
     HttpResponse::build(status)
         .content_type("application/json")
         .body(body)
@@ -44,7 +44,7 @@ fn json_reply(status: actix_web::http::StatusCode, body: Vec<u8>) -> HttpRespons
 
 /// Server-side dry run is refused: nodes have no dry-run transaction, and a create that
 /// pretended would spend nothing but promise a claim it cannot make.
-fn refuse_dry_run(q: &[(String, String)], what: &str) -> KubeResult<()> {
+pub(super) fn refuse_dry_run(q: &[(String, String)], what: &str) -> KubeResult<()> {
     if q.iter().any(|(k, v)| k == "dryRun" && !v.is_empty()) {
         return Err(KubeError::bad_request(format!(
             "dry-run is not supported for sandbox mutations ({what})"
@@ -94,22 +94,29 @@ impl Facade {
         Ok(found.swap_remove(0))
     }
 
-    /// A record a verb may act on: it must name its node and its claim id, so that nothing is
-    /// ever done by name alone.
+    /// A record a verb may act on (see `actionable`).
     async fn target(&self, namespace: &str, name: &str) -> KubeResult<SandboxRecord> {
-        let r = self.find_one(namespace, name).await?;
-        if r.node.is_empty() {
-            return Err(KubeError::internal(format!(
-                "sandbox {namespace}/{name} has no owning node; refusing to act by name"
-            )));
-        }
-        if r.id.is_empty() {
-            return Err(KubeError::internal(format!(
-                "sandbox {namespace}/{name} has no claim id; refusing to act by name"
-            )));
-        }
-        Ok(r)
+        actionable(self.find_one(namespace, name).await?, namespace, name)
     }
+}
+
+/// `r` if it names its node and its claim id, so that nothing is ever done by name alone.
+pub(super) fn actionable(
+    r: SandboxRecord,
+    namespace: &str,
+    name: &str,
+) -> KubeResult<SandboxRecord> {
+    if r.node.is_empty() {
+        return Err(KubeError::internal(format!(
+            "sandbox {namespace}/{name} has no owning node; refusing to act by name"
+        )));
+    }
+    if r.id.is_empty() {
+        return Err(KubeError::internal(format!(
+            "sandbox {namespace}/{name} has no claim id; refusing to act by name"
+        )));
+    }
+    Ok(r)
 }
 
 pub async fn list_all(
@@ -179,7 +186,7 @@ async fn list_or_watch(
     let remaining = next.as_ref().map(|_| (total - end) as i64);
     let page = &snapshot.entries[offset..end];
     let body = if table {
-        objects::table(page, snapshot.revision, next, remaining)
+        super::table::table(page, snapshot.revision, next, remaining)
     } else {
         objects::list(page, snapshot.revision, next, remaining)
     };
@@ -256,7 +263,7 @@ pub async fn get(
             record: Arc::new(r),
             revision: rv,
         };
-        objects::table(std::slice::from_ref(&entry), rv, None, None)
+        super::table::table(std::slice::from_ref(&entry), rv, None, None)
     } else {
         serde_json::to_vec(&objects::sandbox(&r, rv)).unwrap_or_default()
     };
@@ -281,57 +288,8 @@ pub async fn create(
     }
     let checked = create::check(&body, &ns, param(&q, "fieldValidation"))?;
     let claimed = facade.dispatcher.claim(checked.claim).await?;
-    let r = claimed.record;
-    let rv = facade.revision_of(&r.id);
-    let mut object = checked.object;
-    let meta = object.as_object_mut().map(|o| {
-        o.entry("metadata")
-            .or_insert_with(|| Value::Object(Default::default()))
-    });
-    if let Some(Value::Object(m)) = meta {
-        m.insert("name".into(), Value::from(r.name()));
-        m.insert("namespace".into(), Value::from(ns.as_str()));
-        m.insert("uid".into(), Value::from(objects::uid(&r.id)));
-        m.insert("resourceVersion".into(), Value::from(rv.to_string()));
-        m.insert("generation".into(), Value::from(1));
-        m.insert(
-            "creationTimestamp".into(),
-            Value::from(objects::timestamp(r.claimed_at)),
-        );
-        let labels = m
-            .entry("labels")
-            .or_insert_with(|| Value::Object(Default::default()));
-        if let Some(l) = labels.as_object_mut() {
-            for (k, v) in objects::labels(&r) {
-                l.insert(k, Value::from(v));
-            }
-        }
-        let annotations = m
-            .entry("annotations")
-            .or_insert_with(|| Value::Object(Default::default()));
-        if !annotations.is_object() {
-            *annotations = Value::Object(Default::default());
-        }
-        if let Some(a) = annotations.as_object_mut() {
-            for (k, v) in objects::annotations(&r) {
-                a.insert(k, Value::from(v));
-            }
-            // Only the create reply carries the sandbox's credential.
-            a.insert(keys::TOKEN.into(), Value::from(r.token.as_str()));
-        }
-    }
-    let mut status = objects::status(&r);
-    if let Some(c) = status["conditions"].get_mut(0) {
-        let how = if claimed.warm {
-            "warm sandbox"
-        } else {
-            "sandbox"
-        };
-        c["message"] = Value::from(format!("{how} {:?} delivered by node {:?}", r.id, r.node));
-    }
-    if let Some(o) = object.as_object_mut() {
-        o.insert("status".into(), status);
-    }
+    let rv = facade.revision_of(&claimed.record.id);
+    let object = create::reply(checked.object, &claimed, &ns, rv);
     let mut res = HttpResponse::Created();
     for w in checked.warnings {
         res.append_header(("Warning", format!("299 - \"{}\"", w.replace('"', "'"))));

@@ -24,6 +24,25 @@ pub struct KubeError {
 
 pub type KubeResult<T> = Result<T, KubeError>;
 
+/// One field's validation failure: `reason` is the API server's cause type
+/// (`FieldValueInvalid`, `FieldValueNotSupported`, `FieldValueForbidden`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    pub field: String,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Cause {
+    pub fn new(field: impl Into<String>, reason: &'static str, message: impl Into<String>) -> Self {
+        Cause {
+            field: field.into(),
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
 fn resource_details(name: &str) -> StatusDetails {
     StatusDetails {
         name: (!name.is_empty()).then(|| name.to_string()),
@@ -72,6 +91,44 @@ impl KubeError {
             reason: Some("FieldValueInvalid".into()),
         }]);
         e.details = Some(Box::new(d));
+        e
+    }
+
+    /// 422 Invalid with one cause per field, as the API server reports validation failures.
+    pub fn invalid_fields(name: &str, causes: &[Cause]) -> Self {
+        let listed: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
+        let what = match listed.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("Sandbox.{GROUP} {name:?} is invalid: {what}"),
+        );
+        let mut d = resource_details(name);
+        d.kind = Some("Sandbox".into());
+        d.causes = Some(
+            causes
+                .iter()
+                .map(|c| StatusCause {
+                    field: Some(c.field.clone()),
+                    message: Some(c.message.clone()),
+                    reason: Some(c.reason.into()),
+                })
+                .collect(),
+        );
+        e.details = Some(Box::new(d));
+        e
+    }
+
+    /// 409 Conflict on the object `name` (a stale resourceVersion or a failed precondition).
+    pub fn conflict(name: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::new(409, "Conflict", message);
+        e.details = Some(Box::new(resource_details(name)));
         e
     }
 

@@ -44,7 +44,7 @@ fn event_line(kind: &str, r: &Arc<SandboxRecord>, revision: u64, table: bool) ->
             record: r.clone(),
             revision,
         };
-        objects::table(std::slice::from_ref(&entry), revision, None, None)
+        super::table::table(std::slice::from_ref(&entry), revision, None, None)
     } else {
         serde_json::to_vec(&objects::sandbox(r, revision)).unwrap_or_default()
     };

@@ -9,6 +9,7 @@ pub mod dataplane;
 mod identify;
 mod leases;
 pub mod logs;
+mod metadata;
 mod ops;
 mod pools;
 pub mod runtime;

@@ -219,6 +219,20 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+
+    async fn update_metadata(
+        &self,
+        req: Request<proto::UpdateMetadataRequest>,
+    ) -> Reply<proto::StateChange> {
+        let r = req.into_inner();
+        required_id(&r.id, "sandbox")?;
+        let set = r.set.into_iter().collect();
+        let (record, changed) = self.node.update_metadata(&r.id, set, &r.remove)?;
+        Ok(Response::new(proto::StateChange {
+            changed,
+            sandbox: Some((&record).into()),
+        }))
+    }
 }
 
 impl<R: Runtime> NodeService<R> {

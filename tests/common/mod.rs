@@ -16,6 +16,7 @@ use sandbox_gateway::dispatch::{Dispatcher, DispatcherConfig};
 pub mod certs;
 pub mod fake_kube;
 pub mod gateway;
+pub mod kube_gateway;
 pub mod sandbox;
 pub mod scenarios;
 

@@ -1,0 +1,47 @@
+//! Changing a sandbox's metadata on its owning node (the Kubernetes facade's labels,
+//! annotations and submitted spec live there), reflected in this gateway's read view at once.
+
+use std::collections::BTreeMap;
+
+use super::Dispatcher;
+use super::client::Effect;
+use super::read_view::LocalChange;
+use crate::model::{Error, Result, SandboxRecord};
+use crate::proto;
+
+impl Dispatcher {
+    /// Sets `set` and removes `remove` on the sandbox's metadata (outside `namespace`: not
+    /// found). Answers the record (without its token) and whether anything changed.
+    pub async fn update_metadata(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+    ) -> Result<(SandboxRecord, bool)> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "update metadata",
+                Effect::Write,
+                self.inner.cfg.call_timeout,
+                c.update_metadata(proto::UpdateMetadataRequest {
+                    id: record.id,
+                    set: set.into_iter().collect(),
+                    remove,
+                }),
+            )
+            .await?;
+        let record: SandboxRecord = reply
+            .sandbox
+            .ok_or_else(|| Error::internal("node answered without the sandbox"))?
+            .into();
+        // An unchanged record would not move the view anyway; skip the write lock.
+        if reply.changed {
+            self.local(&record.node, LocalChange::Upsert(Box::new(record.clone())));
+        }
+        Ok((record, reply.changed))
+    }
+}

@@ -1,0 +1,232 @@
+//! `meta.k8s.io/v1` Tables of sandboxes for `kubectl get`: the columns, rows with their
+//! `PartialObjectMetadata`, and ages rendered as the API server renders them.
+
+use std::borrow::Cow;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::objects::{Items, ListMeta, MetaJson, NumStr, meta_json, name, ready, sized_buffer};
+use crate::dispatch::read_view::Entry;
+use crate::model::SandboxRecord;
+
+/// Go's `duration.HumanDuration`, as the API server renders ages in tables.
+pub fn human_duration(d: chrono::TimeDelta) -> String {
+    let seconds = d.num_seconds();
+    if seconds < -1 {
+        return "<invalid>".into();
+    }
+    if seconds < 0 {
+        return "0s".into();
+    }
+    if seconds < 120 {
+        return format!("{seconds}s");
+    }
+    let minutes = seconds / 60;
+    if minutes < 10 {
+        let s = seconds % 60;
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
+    }
+    if minutes < 180 {
+        return format!("{minutes}m");
+    }
+    let hours = seconds / 3600;
+    if hours < 8 {
+        let m = minutes % 60;
+        return if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        };
+    }
+    if hours < 48 {
+        return format!("{hours}h");
+    }
+    if hours < 24 * 8 {
+        let h = hours % 24;
+        return if h == 0 {
+            format!("{}d", hours / 24)
+        } else {
+            format!("{}d{h}h", hours / 24)
+        };
+    }
+    if hours < 24 * 365 * 2 {
+        return format!("{}d", hours / 24);
+    }
+    if hours < 24 * 365 * 8 {
+        let dy = (hours / 24) % 365;
+        return if dy == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{dy}d", hours / 24 / 365)
+        };
+    }
+    format!("{}y", hours / 24 / 365)
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Column {
+    name: &'static str,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    format: &'static str,
+    description: &'static str,
+    priority: i32,
+}
+
+const COLUMNS: [Column; 6] = [
+    Column {
+        name: "Name",
+        ty: "string",
+        format: "name",
+        description: "Name must be unique within a namespace.",
+        priority: 0,
+    },
+    Column {
+        name: "Ready",
+        ty: "string",
+        format: "",
+        description: "Ready condition status",
+        priority: 0,
+    },
+    Column {
+        name: "Reason",
+        ty: "string",
+        format: "",
+        description: "Ready condition reason",
+        priority: 0,
+    },
+    Column {
+        name: "Age",
+        ty: "string",
+        format: "",
+        description: "Time since the sandbox was claimed",
+        priority: 0,
+    },
+    Column {
+        name: "Node",
+        ty: "string",
+        format: "",
+        description: "The node that runs the sandbox",
+        priority: 1,
+    },
+    Column {
+        name: "Template",
+        ty: "string",
+        format: "",
+        description: "The template the sandbox started from",
+        priority: 1,
+    },
+];
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PartialObjectMetadata<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: MetaJson<'a>,
+}
+
+#[derive(Serialize)]
+struct Row<'a> {
+    cells: (
+        Cow<'a, str>,
+        &'static str,
+        &'static str,
+        String,
+        &'a str,
+        &'a str,
+    ),
+    object: PartialObjectMetadata<'a>,
+}
+
+fn row(r: &SandboxRecord, revision: u64, now: DateTime<Utc>) -> Row<'_> {
+    let (ready, reason) = ready(r);
+    Row {
+        cells: (
+            name(r),
+            ready,
+            reason,
+            human_duration(now - r.claimed_at),
+            &r.node,
+            &r.key.template,
+        ),
+        object: PartialObjectMetadata {
+            api_version: "meta.k8s.io/v1",
+            kind: "PartialObjectMetadata",
+            metadata: meta_json(r, revision),
+        },
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TableOut<I> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: ListMeta,
+    column_definitions: &'static [Column; 6],
+    rows: I,
+}
+
+/// A `meta.k8s.io/v1` Table of `entries` as of `revision`.
+pub fn table(
+    entries: &[Entry],
+    revision: u64,
+    continue_token: Option<String>,
+    remaining: Option<i64>,
+) -> Vec<u8> {
+    let now = Utc::now();
+    let t = TableOut {
+        api_version: "meta.k8s.io/v1",
+        kind: "Table",
+        metadata: ListMeta {
+            resource_version: NumStr(revision),
+            continue_token,
+            remaining_item_count: remaining,
+        },
+        column_definitions: &COLUMNS,
+        rows: Items {
+            entries,
+            each: |e: &Entry| row(&e.record, e.revision, now),
+        },
+    };
+    let mut out = sized_buffer(
+        entries.first().map(|e| row(&e.record, e.revision, now)),
+        entries.len(),
+    );
+    let _ = serde_json::to_writer(&mut out, &t);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+
+    #[test]
+    fn ages_read_like_kubectls() {
+        for (secs, want) in [
+            (-5, "<invalid>"),
+            (0, "0s"),
+            (119, "119s"),
+            (120, "2m"),
+            (125, "2m5s"),
+            (600, "10m"),
+            (3 * 3600, "3h"),
+            (3 * 3600 + 60 * 7, "3h7m"),
+            (30 * 3600, "30h"),
+            (3 * 86400 + 3600 * 2, "3d2h"),
+            (40 * 86400, "40d"),
+            (3 * 365 * 86400 + 86400, "3y1d"),
+            (9 * 365 * 86400, "9y"),
+        ] {
+            assert_eq!(human_duration(TimeDelta::seconds(secs)), want, "{secs}");
+        }
+    }
+}
