@@ -76,7 +76,14 @@ pub fn listed(record: &SandboxRecord) -> wire::ListedSandbox {
         disk_size_mb: record.disk_bytes / MIB,
         state: record.phase.as_str(),
         envd_version: ENVD_VERSION.to_string(),
-        metadata: record.metadata.clone(),
+        // The Kubernetes surface's bookkeeping (a kubectl apply's last-applied object, field
+        // ownership) is not the sandbox's metadata.
+        metadata: record
+            .metadata
+            .iter()
+            .filter(|(k, _)| !crate::facade::stored::is_bookkeeping_key(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }
 

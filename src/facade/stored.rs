@@ -50,6 +50,12 @@ pub fn is_facade_key(k: &str) -> bool {
         || k == SPEC_KEY
 }
 
+/// Whether a key holds the facade's own bookkeeping (annotations, apply ownership, the
+/// submitted spec), which other surfaces do not show; labels stay visible as metadata.
+pub fn is_bookkeeping_key(k: &str) -> bool {
+    is_facade_key(k) && !k.starts_with(LABEL_PREFIX)
+}
+
 fn prefixed(r: &SandboxRecord, prefix: &str, hidden: &[&str]) -> BTreeMap<String, String> {
     r.metadata
         .iter()
@@ -160,6 +166,8 @@ mod tests {
         assert!(m.keys().all(|k| is_facade_key(k)));
         assert!(!is_facade_key("job"));
         assert!(is_facade_key("k8s.managed/kubectl"));
+        assert!(is_bookkeeping_key("k8s.spec") && is_bookkeeping_key("k8s.annotation/a"));
+        assert!(!is_bookkeeping_key("k8s.label/app") && !is_bookkeeping_key("team"));
         let owned = Owned {
             labels: BTreeSet::from(["app".to_string()]),
             annotations: BTreeSet::new(),
