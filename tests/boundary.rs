@@ -8,25 +8,11 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use common::*;
-use sandbox_gateway::dispatch::{ClaimRequest, Dispatcher};
-use sandbox_gateway::model::{PoolKey, SandboxRecord};
-
-fn claim_req(name: &str, net: &str) -> ClaimRequest {
-    ClaimRequest {
-        namespace: "probe".into(),
-        name: name.into(),
-        key: PoolKey::new("base", net, "small").unwrap(),
-        ttl_seconds: 600,
-        metadata: Default::default(),
-        env_vars: Default::default(),
-        lifecycle: Default::default(),
-    }
-}
+use sandbox_gateway::dispatch::Dispatcher;
+use sandbox_gateway::model::SandboxRecord;
 
 async fn claim(d: &Dispatcher, name: &str, net: &str) -> (SandboxRecord, SandboxClient) {
-    let r = d.claim(claim_req(name, net)).await.unwrap().record;
-    let c = SandboxClient::of(&r);
-    (r, c)
+    claim_small(d, "probe", name, net).await
 }
 
 async fn stop(tmp: &tempfile::TempDir, d: Dispatcher, mut node: NodeProc) {

@@ -9,8 +9,8 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use common::*;
-use sandbox_gateway::dispatch::{ClaimRequest, Dispatcher};
-use sandbox_gateway::model::{PoolKey, SandboxRecord};
+use sandbox_gateway::dispatch::Dispatcher;
+use sandbox_gateway::model::SandboxRecord;
 
 /// runsc on PATH, or why the tests here cannot run.
 fn runsc() -> Option<String> {
@@ -25,22 +25,8 @@ fn runsc() -> Option<String> {
     Some("runsc".into())
 }
 
-fn claim_req(name: &str, net: &str) -> ClaimRequest {
-    ClaimRequest {
-        namespace: "gv".into(),
-        name: name.into(),
-        key: PoolKey::new("base", net, "small").unwrap(),
-        ttl_seconds: 600,
-        metadata: Default::default(),
-        env_vars: Default::default(),
-        lifecycle: Default::default(),
-    }
-}
-
 async fn claim(d: &Dispatcher, name: &str, net: &str) -> (SandboxRecord, SandboxClient) {
-    let r = d.claim(claim_req(name, net)).await.unwrap().record;
-    let c = SandboxClient::of(&r);
-    (r, c)
+    claim_small(d, "gv", name, net).await
 }
 
 fn node(tmp: &tempfile::TempDir, token: &std::path::Path, pools: &[&str]) -> NodeProc {
@@ -257,7 +243,7 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
     assert!(ck.size_bytes > 0);
     server(&a, "/set/after-snapshot");
     let from = d
-        .claim_from_checkpoint(&ck.id, "", claim_req("from-snapshot", "none"))
+        .claim_from_checkpoint(&ck.id, "", small_claim("gv", "from-snapshot", "none"))
         .await
         .unwrap()
         .record;

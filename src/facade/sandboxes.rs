@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use actix_web::http::header;
+use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -290,13 +290,11 @@ pub async fn create(
     let claimed = facade.dispatcher.claim(checked.claim).await?;
     let rv = facade.revision_of(&claimed.record.id);
     let object = create::reply(checked.object, &claimed, &ns, rv);
-    let mut res = HttpResponse::Created();
-    for w in checked.warnings {
-        res.append_header(("Warning", format!("299 - \"{}\"", w.replace('"', "'"))));
-    }
-    Ok(res
-        .content_type("application/json")
-        .body(object.to_string()))
+    Ok(super::writes::reply(
+        StatusCode::CREATED,
+        &object,
+        &checked.warnings,
+    ))
 }
 
 pub async fn delete(
@@ -307,9 +305,7 @@ pub async fn delete(
     body: web::Bytes,
 ) -> KubeResult<HttpResponse> {
     let (ns, name) = path.into_inner();
-    let attrs = Attrs::resource("delete", Some(&ns), Some(&name));
-    facade.auth.authorize(&req, &attrs).await?;
-    refuse_dry_run(&q, "delete")?;
+    super::writes::authorize_write(&facade, &req, "delete", &ns, &name, &q).await?;
     let options: Value = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Null
     } else {

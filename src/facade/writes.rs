@@ -76,7 +76,8 @@ fn object_value(r: &SandboxRecord, rv: u64) -> KubeResult<Value> {
     serde_json::to_value(objects::sandbox(r, rv)).map_err(KubeError::internal)
 }
 
-fn reply(status: StatusCode, object: &Value, warnings: &[String]) -> HttpResponse {
+/// A written object with the request's warnings as `Warning: 299` headers.
+pub(super) fn reply(status: StatusCode, object: &Value, warnings: &[String]) -> HttpResponse {
     let mut res = json_reply(status, object.to_string().into_bytes());
     for w in warnings {
         if let Ok(v) = header::HeaderValue::from_str(&format!("299 - \"{}\"", w.replace('"', "'")))
@@ -150,6 +151,23 @@ fn field_manager(q: &[(String, String)], kind: PatchKind) -> KubeResult<Option<&
     Ok(manager)
 }
 
+/// The checks every write of a named sandbox makes first: the caller may `verb` it, and the
+/// request is no dry run (refused before anything is touched).
+pub(super) async fn authorize_write(
+    facade: &Facade,
+    req: &HttpRequest,
+    verb: &'static str,
+    ns: &str,
+    name: &str,
+    q: &[(String, String)],
+) -> KubeResult<()> {
+    facade
+        .auth
+        .authorize(req, &Attrs::resource(verb, Some(ns), Some(name)))
+        .await?;
+    refuse_dry_run(q, verb)
+}
+
 pub async fn patch(
     facade: web::Data<Facade>,
     req: HttpRequest,
@@ -158,11 +176,7 @@ pub async fn patch(
     body: web::Bytes,
 ) -> KubeResult<HttpResponse> {
     let (ns, name) = path.into_inner();
-    facade
-        .auth
-        .authorize(&req, &Attrs::resource("patch", Some(&ns), Some(&name)))
-        .await?;
-    refuse_dry_run(&q, "patch")?;
+    authorize_write(&facade, &req, "patch", &ns, &name, &q).await?;
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -249,11 +263,7 @@ pub async fn replace(
     body: web::Bytes,
 ) -> KubeResult<HttpResponse> {
     let (ns, name) = path.into_inner();
-    facade
-        .auth
-        .authorize(&req, &Attrs::resource("update", Some(&ns), Some(&name)))
-        .await?;
-    refuse_dry_run(&q, "update")?;
+    authorize_write(&facade, &req, "update", &ns, &name, &q).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(KubeError::bad_request(
             "the request body is empty: send the Sandbox object",

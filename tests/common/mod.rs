@@ -447,3 +447,36 @@ pub fn ensure_sdks() {
     );
     *done = true;
 }
+
+/// A claim of a small `base` sandbox on `net` named `namespace/name`, with a 600 s lease.
+pub fn small_claim(
+    namespace: &str,
+    name: &str,
+    net: &str,
+) -> sandbox_gateway::dispatch::ClaimRequest {
+    sandbox_gateway::dispatch::ClaimRequest {
+        namespace: namespace.into(),
+        name: name.into(),
+        key: sandbox_gateway::model::PoolKey::new("base", net, "small").unwrap(),
+        ttl_seconds: 600,
+        metadata: Default::default(),
+        env_vars: Default::default(),
+        lifecycle: Default::default(),
+    }
+}
+
+/// Claims `small_claim(namespace, name, net)` and a client for its agent.
+pub async fn claim_small(
+    d: &sandbox_gateway::dispatch::Dispatcher,
+    namespace: &str,
+    name: &str,
+    net: &str,
+) -> (sandbox_gateway::model::SandboxRecord, SandboxClient) {
+    let r = d
+        .claim(small_claim(namespace, name, net))
+        .await
+        .unwrap()
+        .record;
+    let c = SandboxClient::of(&r);
+    (r, c)
+}
