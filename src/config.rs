@@ -345,6 +345,10 @@ pub struct SandboxArgs {
     /// run while it is paused; resuming grants the lease again).
     #[arg(long, default_value_t = crate::node::config::DEFAULT_PAUSED_RETENTION_SECONDS)]
     pub paused_retention_seconds: u64,
+    /// An IPv4 range sandboxes may reach although it is private or the host's own (an
+    /// internal mirror, say); repeatable. Sandboxes' own network policies still apply.
+    #[arg(long = "sandbox-reachable", value_name = "CIDR")]
+    pub sandbox_reachable: Vec<String>,
 }
 
 impl SandboxArgs {
@@ -361,6 +365,8 @@ impl SandboxArgs {
         };
         node.checkpoint_budget_bytes = self.checkpoint_budget_mib << 20;
         node.paused_retention = Duration::from_secs(self.paused_retention_seconds);
+        crate::model::network::parse_cidrs("--sandbox-reachable", &self.sandbox_reachable)?;
+        node.sandbox_reachable = self.sandbox_reachable.clone();
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(

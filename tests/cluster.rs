@@ -368,6 +368,7 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
             metadata: Default::default(),
             env_vars: Default::default(),
             lifecycle: Default::default(),
+            network: Default::default(),
         })
         .await
         .unwrap();

@@ -591,6 +591,7 @@ fn full_inventory() -> inventory::NodeInventory {
         state_dir: String::new(),
         disk_bytes: 1,
         lifecycle: Default::default(),
+        network: Default::default(),
         lease_seconds: 0,
         paused: None,
     };

@@ -22,6 +22,7 @@ fn claim_req(ns: &str, name: &str, ttl: u64) -> ClaimRequest {
         metadata: [("owner".to_string(), "tests".to_string())].into(),
         env_vars: [("GREETING".to_string(), "hello".to_string())].into(),
         lifecycle: Default::default(),
+        network: Default::default(),
     }
 }
 

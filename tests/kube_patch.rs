@@ -605,6 +605,7 @@ async fn node_metadata_updates_move_the_revision_only_on_change() {
             metadata: [("job".to_string(), "1".to_string())].into(),
             env_vars: Default::default(),
             lifecycle: Default::default(),
+            network: Default::default(),
         })
         .await
         .unwrap();

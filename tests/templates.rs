@@ -24,6 +24,7 @@ fn claim_req(template: &str) -> ClaimRequest {
         metadata: Default::default(),
         env_vars: Default::default(),
         lifecycle: Default::default(),
+        network: Default::default(),
     }
 }
 

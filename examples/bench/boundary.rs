@@ -48,6 +48,7 @@ pub async fn bench_verbs(sizes: &[u64], runs: usize) -> Res<Vec<VerbCosts>> {
                 metadata: Default::default(),
                 env_vars: Default::default(),
                 lifecycle: Default::default(),
+                network: Default::default(),
             })
             .await?
             .record;

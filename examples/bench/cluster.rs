@@ -72,6 +72,7 @@ pub async fn bench_fleet(nodes: usize, rounds: usize, pool: u32, per_node: usize
                             metadata: Default::default(),
                             env_vars: Default::default(),
                             lifecycle: Default::default(),
+                            network: Default::default(),
                         })
                         .await;
                     if let Ok(c) = r {
@@ -185,6 +186,7 @@ pub async fn bench_visibility(samples: usize, interval: Duration) -> Res<Visibil
                 metadata: Default::default(),
                 env_vars: Default::default(),
                 lifecycle: Default::default(),
+                network: Default::default(),
             })
             .await?;
         let id = c.record.id.clone();

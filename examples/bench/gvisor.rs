@@ -150,6 +150,7 @@ pub async fn bench_memory_verbs(sizes: &[u64], runs: usize) -> Res<MemoryVerbs> 
                     metadata: Default::default(),
                     env_vars: Default::default(),
                     lifecycle: Default::default(),
+                    network: Default::default(),
                 })
                 .await?
                 .record;

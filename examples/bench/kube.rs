@@ -257,6 +257,7 @@ pub fn record(id: &str, node: &str, i: usize) -> SandboxRecord {
         state_dir: String::new(),
         disk_bytes: 0,
         lifecycle: Default::default(),
+        network: Default::default(),
         lease_seconds: 0,
         paused: None,
     }
@@ -361,6 +362,7 @@ pub async fn bench_resolve(nodes: usize, per_node: usize, lookups: usize) -> Res
             metadata: Default::default(),
             env_vars: Default::default(),
             lifecycle: Default::default(),
+            network: Default::default(),
         })
         .await?;
     let mut live = Vec::new();

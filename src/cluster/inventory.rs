@@ -206,6 +206,7 @@ impl InventoryEntry {
             lifecycle: Default::default(),
             lease_seconds: 0,
             paused: None,
+            network: Default::default(),
         })
     }
 }
@@ -326,6 +327,7 @@ mod tests {
             lifecycle: Default::default(),
             lease_seconds: 0,
             paused: None,
+            network: Default::default(),
         }
     }
 

@@ -1,11 +1,13 @@
-//! Changing a sandbox's metadata on its owning node (the Kubernetes facade's labels,
-//! annotations and submitted spec live there), reflected in this gateway's read view at once.
+//! Changing a sandbox's metadata (the Kubernetes facade's labels, annotations and submitted
+//! spec live there) or its network policy on its owning node, reflected in this gateway's read
+//! view at once.
 
 use std::collections::BTreeMap;
 
 use super::Dispatcher;
 use super::client::Effect;
 use super::read_view::LocalChange;
+use crate::model::network::NetworkPolicy;
 use crate::model::{Error, Result, SandboxRecord};
 use crate::proto;
 
@@ -34,6 +36,36 @@ impl Dispatcher {
                 }),
             )
             .await?;
+        self.state_changed(reply)
+    }
+
+    /// Replaces the sandbox's network policy on its node (outside `namespace`: not found).
+    /// Answers the record (without its token) and whether anything changed.
+    pub async fn update_network(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        policy: &NetworkPolicy,
+    ) -> Result<(SandboxRecord, bool)> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "update network",
+                Effect::Write,
+                self.inner.cfg.call_timeout,
+                c.update_network(proto::UpdateNetworkRequest {
+                    id: record.id,
+                    network: Some(policy.into()),
+                }),
+            )
+            .await?;
+        self.state_changed(reply)
+    }
+
+    /// A node's answer to a change, reflected in this gateway's read view at once.
+    fn state_changed(&self, reply: proto::StateChange) -> Result<(SandboxRecord, bool)> {
         let record: SandboxRecord = reply
             .sandbox
             .ok_or_else(|| Error::internal("node answered without the sandbox"))?

@@ -84,6 +84,7 @@ pub struct ClaimRequest {
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
     pub lifecycle: model::Lifecycle,
+    pub network: model::network::NetworkPolicy,
 }
 
 impl ClaimRequest {
@@ -437,6 +438,7 @@ impl Dispatcher {
             no_redirect: true,
             on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
             auto_resume: req.lifecycle.auto_resume,
+            network: Some((&req.network).into()),
         };
         let mut refused: Vec<String> = Vec::new();
         let mut last_err: Option<Error> = None;
@@ -525,6 +527,7 @@ impl Dispatcher {
                     no_redirect: true,
                     on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
                     auto_resume: req.lifecycle.auto_resume,
+                    network: Some((&req.network).into()),
                 }),
             )
             .await?;

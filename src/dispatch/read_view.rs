@@ -477,6 +477,7 @@ mod tests {
             lifecycle: Default::default(),
             lease_seconds: 0,
             paused: None,
+            network: Default::default(),
         }
     }
 

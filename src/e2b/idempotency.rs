@@ -148,6 +148,7 @@ mod tests {
             client_id: "n".into(),
             envd_version: "0.2.4".into(),
             envd_access_token: None,
+            traffic_access_token: None,
             domain: None,
         }
     }

@@ -7,6 +7,7 @@ pub mod error;
 pub mod idempotency;
 pub mod listing;
 pub mod logs;
+pub mod network;
 pub mod openapi;
 pub mod proxy;
 mod render;
@@ -85,7 +86,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/v2/templates", web::get().to(templates::list_v2))
         .route("/templates/{id}", web::delete().to(s::delete_template))
         // Known to the SDKs, not served here.
-        .route("/sandboxes/{id}/network", web::put().to(s::not_supported))
+        .route("/sandboxes/{id}/network", web::put().to(network::update))
         .route("/v3/templates", web::post().to(s::not_supported))
         .route(
             "/v2/templates/{id}/builds/{build}",

@@ -5,7 +5,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{logs, sandboxes, templates, wire};
+use super::{logs, network, sandboxes, templates, wire};
 
 struct ApiKeyAuth;
 
@@ -33,7 +33,7 @@ impl Modify for ApiKeyAuth {
         sandboxes::pause, sandboxes::connect_v2, sandboxes::connect_v1, sandboxes::resume,
         sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots,
         sandboxes::delete_template, sandboxes::metrics, sandboxes::metrics_batch,
-        logs::v1, logs::v2, templates::list, templates::list_v2,
+        logs::v1, logs::v2, templates::list, templates::list_v2, network::update,
     ),
     components(schemas(
         ErrorBody, wire::NewSandbox, wire::Sandbox, wire::SandboxDetail, wire::ListedSandbox,
@@ -41,7 +41,7 @@ impl Modify for ApiKeyAuth {
         wire::ConnectRequest, wire::ResumeRequest, wire::ForkRequest, wire::ForkResult,
         wire::SnapshotRequest, wire::SnapshotInfo, wire::SandboxMetric,
         wire::SandboxesWithMetrics, wire::Template, logs::SandboxLogs, logs::SandboxLogsV2,
-        logs::SandboxLog, logs::SandboxLogEntry,
+        logs::SandboxLog, logs::SandboxLogEntry, wire::NetworkConfig, wire::NetworkInfo,
     )),
     modifiers(&ApiKeyAuth)
 )]

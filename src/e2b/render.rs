@@ -44,8 +44,15 @@ impl E2b {
             client_id: record.node.clone(),
             envd_version: ENVD_VERSION.to_string(),
             envd_access_token: self.access_token(record)?,
+            traffic_access_token: self.traffic_token(record),
             domain: self.domain.clone(),
         })
+    }
+
+    /// Only for a sandbox whose ports are not public, and only where its node token is known.
+    pub fn traffic_token(&self, record: &SandboxRecord) -> Option<String> {
+        (!record.network.allow_public_traffic && !record.token.is_empty())
+            .then(|| self.tokens.traffic(&record.id, &record.token))
     }
 
     pub fn detail(&self, record: &SandboxRecord) -> ApiResult<wire::SandboxDetail> {
@@ -53,7 +60,8 @@ impl E2b {
             listed: listed(record),
             envd_access_token: self.access_token(record)?,
             domain: self.domain.clone(),
-            allow_internet_access: record.key.net == "egress",
+            allow_internet_access: super::network::internet_access(record),
+            network: super::network::info(record),
             paused_until: record.paused.map(|p| p.until),
             lifecycle: wire::Lifecycle {
                 auto_resume: record.lifecycle.auto_resume,

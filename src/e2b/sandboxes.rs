@@ -14,7 +14,7 @@ use super::error::{ApiError, ApiResult, ErrorBody};
 use super::idempotency::{self, Begin, Outcome};
 use super::listing::{self, Cursor, Order};
 use super::render::{self, ok_json};
-use super::{E2b, wire};
+use super::{E2b, network, wire};
 use crate::dispatch::ClaimRequest;
 use crate::model::{self, CheckpointFilter, Phase, PoolKey, ids};
 
@@ -67,13 +67,6 @@ fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {
     };
     if req.secure == Some(false) {
         return refuse("secure: false (every sandbox gets an envd access token)");
-    }
-    if req
-        .network
-        .as_ref()
-        .is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty()))
-    {
-        return refuse("network configuration");
     }
     if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
         return refuse("volumeMounts");
@@ -134,8 +127,10 @@ async fn create(
     let ttl = lifetime(e2b, "Timeout", req.timeout.unwrap_or(default_timeout))?;
     refuse_unsupported(&req)?;
     let lifecycle = lifecycle(&req)?;
-    // As on e2b, a sandbox has internet access unless the request turns it off.
-    let net = if req.allow_internet_access == Some(false) {
+    let network = network::policy(req.network.as_ref(), req.allow_internet_access)?;
+    // As on e2b, a sandbox has internet access unless the request turns it off; one that may
+    // reach nothing at all gets no network.
+    let net = if network.denies_everything() {
         "none"
     } else {
         "egress"
@@ -152,6 +147,7 @@ async fn create(
         metadata: metadata.clone(),
         env_vars: env_vars.clone(),
         lifecycle,
+        network: network.clone(),
     };
     let claimed = if ids::is_checkpoint_id(&template) {
         let prefix = model::stamped_name(&tenant.namespace, "");
@@ -781,18 +777,8 @@ mod tests {
             ..Default::default()
         };
         assert!(refuse_unsupported(&r).is_ok());
-        r.network = Some(serde_json::json!({}));
-        assert!(
-            refuse_unsupported(&r).is_ok(),
-            "an empty network config asks for nothing"
-        );
-        r.network = Some(serde_json::json!({"denyOut": ["0.0.0.0/0"]}));
-        assert!(
-            refuse_unsupported(&r)
-                .unwrap_err()
-                .message
-                .contains("network")
-        );
+        r.mcp = Some(serde_json::json!({"x": {}}));
+        assert!(refuse_unsupported(&r).unwrap_err().message.contains("mcp"));
         assert!(e2b_name().starts_with("e2b-") && e2b_name().len() == 12);
     }
 

@@ -3,6 +3,7 @@
 //! secret, so create, connect and get agree. It names the sandbox and carries a digest of the
 //! node's per-sandbox token, so it is bound to that very instance.
 
+use hmac::{Hmac, KeyInit, Mac};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -21,6 +22,8 @@ struct Claims<'a> {
 pub struct EnvdTokens {
     key: EncodingKey,
     header: Header,
+    /// The same secret, for traffic access tokens.
+    secret: Vec<u8>,
 }
 
 impl EnvdTokens {
@@ -34,6 +37,7 @@ impl EnvdTokens {
             key: EncodingKey::from_secret(secret)
                 .map_err(|e| Error::invalid(format!("the envd token secret is unusable: {e}")))?,
             header: Header::new(Algorithm::HS256),
+            secret: secret.to_vec(),
         })
     }
 
@@ -52,6 +56,27 @@ impl EnvdTokens {
     }
 }
 
+impl EnvdTokens {
+    /// The `trafficAccessToken` of a sandbox whose ports are not public: an HMAC of the
+    /// sandbox and its node token, so every replica derives the same one and it dies with
+    /// the instance.
+    pub fn traffic(&self, sandbox_id: &str, node_token: &str) -> String {
+        // Any key length is valid for HMAC.
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.secret) else {
+            return String::new();
+        };
+        mac.update(b"e2b-traffic\0");
+        mac.update(sandbox_id.as_bytes());
+        mac.update(b"\0");
+        mac.update(node_token.as_bytes());
+        mac.finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +92,18 @@ mod tests {
         let other = EnvdTokens::new(b"another-secret-value").unwrap();
         assert_ne!(a, other.issue("sb_0123456789abcdef", "tok-a").unwrap());
         assert!(EnvdTokens::new(b"short").is_err());
+    }
+
+    #[test]
+    fn traffic_tokens_are_stable_per_instance_and_not_the_envd_token() {
+        let t = EnvdTokens::new(b"0123456789abcdef0123").unwrap();
+        let a = t.traffic("sb_1", "tok-a");
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, t.traffic("sb_1", "tok-a"));
+        assert_ne!(a, t.traffic("sb_2", "tok-a"));
+        assert_ne!(a, t.traffic("sb_1", "tok-b"));
+        assert_ne!(a, t.issue("sb_1", "tok-a").unwrap());
+        let other = EnvdTokens::new(b"another-secret-value").unwrap();
+        assert_ne!(a, other.traffic("sb_1", "tok-a"));
     }
 }

@@ -26,8 +26,7 @@ pub struct NewSandbox {
     pub secure: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
-    #[schema(value_type = Option<Object>)]
-    pub network: Option<serde_json::Value>,
+    pub network: Option<NetworkConfig>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub env_vars: Option<BTreeMap<String, String>>,
     #[schema(value_type = Option<Object>)]
@@ -52,7 +51,43 @@ pub struct Sandbox {
     pub envd_version: String,
     #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
+    /// Set when the sandbox's ports are not public: requests to them through the gateway
+    /// must carry it as `e2b-traffic-access-token`.
+    #[serde(rename = "trafficAccessToken", skip_serializing_if = "Option::is_none")]
+    pub traffic_access_token: Option<String>,
     pub domain: Option<String>,
+}
+
+/// e2b's `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (update): egress
+/// lists of IPv4 addresses and CIDRs, allow winning over deny. Domain entries, per-domain
+/// rules, an egress proxy, a host mask and HTTPS ports are refused (see README).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    pub allow_out: Option<Vec<String>>,
+    pub deny_out: Option<Vec<String>>,
+    /// Create only; false makes the sandbox's ports need its traffic access token.
+    pub allow_public_traffic: Option<bool>,
+    /// Opened only for domain rules, which are refused; checked and otherwise ignored.
+    pub dns_servers: Option<Vec<String>>,
+    #[schema(value_type = Option<Object>)]
+    pub egress_proxy: Option<serde_json::Value>,
+    pub mask_request_host: Option<String>,
+    pub https_ports: Option<Vec<u32>>,
+    #[schema(value_type = Option<Object>)]
+    pub rules: Option<serde_json::Value>,
+    /// Update only (snake_case on the wire, as the SDKs send it): false denies all egress.
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// The network policy as `GET /sandboxes/{id}` reports it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInfo {
+    pub allow_out: Vec<String>,
+    pub deny_out: Vec<String>,
+    pub allow_public_traffic: bool,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -74,6 +109,9 @@ pub struct SandboxDetail {
     pub envd_access_token: Option<String>,
     pub domain: Option<String>,
     pub allow_internet_access: bool,
+    /// Omitted (never null) for a sandbox created without a network policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkInfo>,
     pub lifecycle: Lifecycle,
     /// While paused: when the node's paused retention ends and the sandbox is released
     /// (not an e2b field; the SDKs ignore it).

@@ -319,6 +319,7 @@ pub fn check(body: &[u8], namespace: &str, validation: Option<&str>) -> KubeResu
     Ok(Checked {
         claim: ClaimRequest {
             lifecycle: Default::default(),
+            network: Default::default(),
             namespace: namespace.to_string(),
             name: name.clone(),
             key,

@@ -5,6 +5,7 @@ pub mod error;
 pub mod ids;
 pub mod lease;
 pub mod logs;
+pub mod network;
 pub mod pool;
 pub mod sandbox;
 

@@ -116,6 +116,8 @@ pub struct SandboxRecord {
     /// Set while the sandbox is paused.
     #[serde(default)]
     pub paused: Option<PausedSince>,
+    #[serde(default)]
+    pub network: super::network::NetworkPolicy,
 }
 
 impl SandboxRecord {

@@ -35,6 +35,8 @@ pub struct NodeConfig {
     pub checkpoint_budget_bytes: u64,
     /// How long a paused sandbox is kept (its lease does not run while it is paused).
     pub paused_retention: Duration,
+    /// Private or host ranges sandboxes may reach although they are blocked by default.
+    pub sandbox_reachable: Vec<String>,
 }
 
 /// The default paused retention: 7 days.
@@ -98,6 +100,7 @@ impl NodeConfig {
             runtime: RuntimeChoice::default(),
             checkpoint_budget_bytes: DEFAULT_CHECKPOINT_BUDGET_MIB << 20,
             paused_retention: Duration::from_secs(DEFAULT_PAUSED_RETENTION_SECONDS),
+            sandbox_reachable: Vec::new(),
         }
     }
 

@@ -78,7 +78,7 @@ fn pick_runtime(
                 runsc,
                 node_lock: paths.lock.clone(),
                 slirp4netns: builtin::find_slirp4netns(),
-                blocked: builtin::blocked_ranges(),
+                blocked: builtin::blocked_ranges(&node.sandbox_reachable)?,
             })?))
         }
         (kind, _) => {
@@ -94,6 +94,7 @@ fn pick_runtime(
                 boot_timeout: BOOT_TIMEOUT,
                 disk_bytes: node.disk_bytes,
                 node_lock: paths.lock.clone(),
+                reachable: node.sandbox_reachable.clone(),
             })?))
         }
     }

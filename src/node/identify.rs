@@ -81,6 +81,11 @@ impl<R: Runtime> Node<R> {
                 .unwrap_or_else(|_| Err(Error::unavailable("the agent's /init timed out")));
             let state = match outcome {
                 Ok(()) => Ready::Done,
+                // A sandbox released while its identity was on the way is not a failure.
+                Err(e) if !node.state().claims.contains_key(&record.id) => {
+                    tracing::debug!(id = %record.id, error = %e, "released before its agent took its identity");
+                    Ready::Failed(e.message)
+                }
                 Err(e) => {
                     tracing::error!(id = %record.id, error = %e, "the agent did not take its identity");
                     Ready::Failed(e.message)

@@ -10,6 +10,7 @@ mod identify;
 mod leases;
 pub mod logs;
 mod metadata;
+mod network;
 mod ops;
 mod pools;
 pub mod runtime;
@@ -161,11 +162,13 @@ pub struct ClaimSpec {
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
     pub lifecycle: model::Lifecycle,
+    pub network: model::network::NetworkPolicy,
 }
 
 impl ClaimSpec {
     fn validate(&self) -> Result<()> {
         model::sandbox::validate_claim_ref(&self.claim_ref)?;
+        self.network.validate()?;
         model::sandbox::validate_string_map("metadata", &self.metadata)?;
         model::sandbox::validate_string_map("envVars", &self.env_vars)
     }
@@ -406,6 +409,7 @@ impl<R: Runtime> Node<R> {
             lifecycle: spec.lifecycle,
             lease_seconds: self.inner.cfg.lease.grant(spec.ttl_seconds).as_secs(),
             paused: None,
+            network: spec.network.clone(),
             id,
         }
     }
@@ -476,6 +480,7 @@ impl<R: Runtime> Node<R> {
         key: &PoolKey,
         template: &Template,
         seed: Option<&std::path::Path>,
+        egress: Option<&model::network::Egress>,
     ) -> Result<Instance<R::Handle>> {
         let id = ids::new_instance_id();
         let dir = self.inner.paths.sandboxes.join(&id);
@@ -487,6 +492,7 @@ impl<R: Runtime> Node<R> {
                 template,
                 seed,
                 dir: &dir,
+                egress,
             })
             .await
     }

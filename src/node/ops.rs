@@ -19,7 +19,8 @@ impl<R: Runtime> Node<R> {
     /// Returns the record (with its token) and whether it came warm.
     pub async fn claim(&self, key: &PoolKey, spec: ClaimSpec) -> Result<(SandboxRecord, bool)> {
         spec.validate()?;
-        let template = {
+        let egress = self.egress_for(key, &spec.network)?;
+        let template = 'pick: {
             let mut st = self.state();
             if st.closing {
                 return Err(Error::unavailable(format!(
@@ -28,6 +29,11 @@ impl<R: Runtime> Node<R> {
                 )));
             }
             if let Some(inst) = self.pop_live_warm(&mut st, key) {
+                if egress.is_some() {
+                    // Counted as booting for a claim while its rules go in (see `adopt`).
+                    st.booting_for_claims += 1;
+                    break 'pick Err(inst);
+                }
                 let record = self.stamp(&inst, key, &spec, Origin::Pool);
                 let record = self.insert_claim(&mut st, record, inst);
                 drop(st);
@@ -43,9 +49,17 @@ impl<R: Runtime> Node<R> {
             }
             let template = self.template(&key.template)?;
             self.reserve(&mut st, 1)?;
-            template
+            Ok(template)
         };
-        let booted = self.boot(key, &template, None).await;
+        let template = match template {
+            Ok(t) => t,
+            Err(warm) => {
+                self.inner.wake_refill.notify_one();
+                let equipped = self.with_egress(warm, egress.as_ref()).await;
+                return Ok((self.adopt(equipped, key, &spec, Origin::Pool)?, true));
+            }
+        };
+        let booted = self.boot(key, &template, None, egress.as_ref()).await;
         let record = self.adopt(booted, key, &spec, Origin::Pool)?;
         Ok((record, false))
     }
@@ -92,8 +106,17 @@ impl<R: Runtime> Node<R> {
                 return Err(e);
             }
         };
+        let egress = match self.egress_for(&ck.key, &spec.network) {
+            Ok(e) => e,
+            Err(e) => {
+                self.state().booting_for_claims -= 1;
+                return Err(e);
+            }
+        };
         let seed = self.inner.paths.checkpoints.join(&ck.id);
-        let booted = self.boot(&ck.key, &template, Some(&seed)).await;
+        let booted = self
+            .boot(&ck.key, &template, Some(&seed), egress.as_ref())
+            .await;
         self.adopt(booted, &ck.key, &spec, Origin::Checkpoint(ck.id))
     }
 
@@ -136,7 +159,7 @@ impl<R: Runtime> Node<R> {
     }
 
     /// The claim's verb lock and a copy of its instance.
-    fn claim_handle(&self, id: &str) -> Result<(VerbLock, Instance<R::Handle>)> {
+    pub(super) fn claim_handle(&self, id: &str) -> Result<(VerbLock, Instance<R::Handle>)> {
         let st = self.state();
         match st.claims.get(id) {
             Some(c) => Ok((c.op.clone(), c.instance.clone())),
@@ -144,7 +167,7 @@ impl<R: Runtime> Node<R> {
         }
     }
 
-    fn record_of(&self, id: &str) -> Result<SandboxRecord> {
+    pub(super) fn record_of(&self, id: &str) -> Result<SandboxRecord> {
         self.get(id)
     }
 
@@ -319,6 +342,8 @@ impl<R: Runtime> Node<R> {
         let _guard = op.lock_owned().await;
         let parent = self.record_of(id)?;
         let template = self.template(&parent.key.template)?;
+        // Children keep their parent's policy, in force before their first instruction.
+        let egress = self.egress_for(&parent.key, &parent.network)?;
         self.reserve(&mut self.state(), count)?;
         let scratch = self.inner.paths.scratch.join(ids::new_instance_id());
         let captured = self
@@ -328,7 +353,8 @@ impl<R: Runtime> Node<R> {
             .await;
         let booted: Vec<Result<Instance<R::Handle>>> = match captured {
             Ok(_) => {
-                let boots = (0..count).map(|_| self.boot(&parent.key, &template, Some(&scratch)));
+                let boots = (0..count)
+                    .map(|_| self.boot(&parent.key, &template, Some(&scratch), egress.as_ref()));
                 futures::future::join_all(boots).await
             }
             Err(e) => (0..count).map(|_| Err(e.clone())).collect(),
@@ -355,6 +381,7 @@ impl<R: Runtime> Node<R> {
             metadata: parent.metadata.clone(),
             env_vars: parent.env_vars.clone(),
             lifecycle: parent.lifecycle,
+            network: parent.network.clone(),
         };
         let mut children = Vec::with_capacity(count as usize);
         for inst in booted.into_iter().flatten() {

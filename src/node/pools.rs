@@ -80,7 +80,7 @@ impl<R: Runtime> Node<R> {
             for (key, template) in self.plan_refill(boots.len()) {
                 let node = self.clone();
                 boots.spawn(async move {
-                    let booted = node.boot(&key, &template, None).await;
+                    let booted = node.boot(&key, &template, None, None).await;
                     (key, booted)
                 });
             }

@@ -54,6 +54,7 @@ macro_rules! claim_spec {
                 on_timeout,
                 auto_resume: r.auto_resume,
             },
+            network: r.network.take().map(Into::into).unwrap_or_default(),
         })
     }};
 }
@@ -228,6 +229,22 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
         required_id(&r.id, "sandbox")?;
         let set = r.set.into_iter().collect();
         let (record, changed) = self.node.update_metadata(&r.id, set, &r.remove)?;
+        Ok(Response::new(proto::StateChange {
+            changed,
+            sandbox: Some((&record).into()),
+        }))
+    }
+
+    async fn update_network(
+        &self,
+        req: Request<proto::UpdateNetworkRequest>,
+    ) -> Reply<proto::StateChange> {
+        let r = req.into_inner();
+        required_id(&r.id, "sandbox")?;
+        let policy = r.network.map(Into::into).unwrap_or_default();
+        let node = self.node.clone();
+        let (record, changed) =
+            detached(async move { node.update_network(&r.id, policy).await }).await?;
         Ok(Response::new(proto::StateChange {
             changed,
             sandbox: Some((&record).into()),

@@ -135,6 +135,7 @@ impl From<&model::SandboxRecord> for super::Sandbox {
             lease_seconds: r.lease_seconds,
             paused_at_ms: r.paused.map(|p| to_ms(p.at)).unwrap_or(0),
             retain_until_ms: r.paused.map(|p| to_ms(p.until)).unwrap_or(0),
+            network: Some((&r.network).into()),
         }
     }
 }
@@ -177,6 +178,7 @@ impl From<super::Sandbox> for model::SandboxRecord {
                 at: from_ms(s.paused_at_ms),
                 until: from_ms(s.retain_until_ms),
             }),
+            network: s.network.map(Into::into).unwrap_or_default(),
         }
     }
 }
@@ -524,6 +526,28 @@ impl From<super::LogEntry> for model::logs::LogEntry {
             level: model::logs::LogLevel::parse(&e.level).unwrap_or(model::logs::LogLevel::Info),
             message: e.message,
             fields: e.fields.into_iter().collect(),
+        }
+    }
+}
+
+impl From<&model::network::NetworkPolicy> for super::NetworkPolicy {
+    fn from(n: &model::network::NetworkPolicy) -> Self {
+        super::NetworkPolicy {
+            allow_out: n.allow_out.clone(),
+            deny_out: n.deny_out.clone(),
+            allow_internet_access: n.allow_internet_access,
+            private_traffic: !n.allow_public_traffic,
+        }
+    }
+}
+
+impl From<super::NetworkPolicy> for model::network::NetworkPolicy {
+    fn from(n: super::NetworkPolicy) -> Self {
+        model::network::NetworkPolicy {
+            allow_out: n.allow_out,
+            deny_out: n.deny_out,
+            allow_internet_access: n.allow_internet_access,
+            allow_public_traffic: !n.private_traffic,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! the gVisor runtime starts its own init inside runsc and, for egress, a network holder. The
 //! node-side halves are `node::runtime::builtin` and `node::runtime::gvisor`.
 
+pub mod egress;
 pub mod gvisor_init;
 pub mod init;
 pub mod loopdev;

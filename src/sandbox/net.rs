@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::spec::Net;
+use crate::model::network::{self, parse_cidr};
 
 /// Ranges no sandbox may reach, whatever else its policy says: "this network", private,
 /// shared (carrier NAT), loopback, link-local, multicast and reserved IPv4 space. The host's
@@ -259,60 +260,11 @@ fn ip_batch(batch: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Parses `a.b.c.d/n` (or a bare address, as /32) into an inclusive range of addresses.
-fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
-    let (addr, bits) = match cidr.split_once('/') {
-        Some((a, b)) => (a, b.parse::<u32>().ok().filter(|b| *b <= 32)?),
-        None => (cidr, 32),
-    };
-    let ip = u32::from(addr.parse::<std::net::Ipv4Addr>().ok()?);
-    let mask = if bits == 0 {
-        0
-    } else {
-        u32::MAX << (32 - bits)
-    };
-    Some((ip & mask, (ip & mask) | !mask))
-}
-
 /// The IPv4 space outside `blocked`, as the fewest CIDR prefixes (entries that are not IPv4
 /// prefixes are ignored).
 pub fn allowed_prefixes(blocked: &[String]) -> Vec<String> {
-    let mut ranges: Vec<(u32, u32)> = blocked.iter().filter_map(|c| parse_cidr(c)).collect();
-    ranges.sort_unstable();
-    let mut out = Vec::new();
-    let mut next: u64 = 0; // first address not yet covered
-    let emit = |from: u64, to: u64, out: &mut Vec<String>| {
-        // Split [from, to] into aligned blocks, largest first.
-        let mut at = from;
-        while at <= to {
-            let align = if at == 0 {
-                32
-            } else {
-                at.trailing_zeros().min(32)
-            };
-            let mut size = align;
-            while size > 0 && at + (1u64 << size) - 1 > to {
-                size -= 1;
-            }
-            out.push(format!(
-                "{}/{}",
-                std::net::Ipv4Addr::from(at as u32),
-                32 - size
-            ));
-            at += 1u64 << size;
-        }
-    };
-    for (start, end) in ranges {
-        let (start, end) = (start as u64, end as u64);
-        if start > next {
-            emit(next, start - 1, &mut out);
-        }
-        next = next.max(end + 1);
-    }
-    if next <= u32::MAX as u64 {
-        emit(next, u32::MAX as u64, &mut out);
-    }
-    out
+    let ranges = network::merge(blocked.iter().filter_map(|c| parse_cidr(c)).collect());
+    network::prefixes(&network::complement(&ranges))
 }
 
 #[cfg(test)]

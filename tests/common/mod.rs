@@ -408,6 +408,28 @@ pub fn dispatcher(token: &str, nodes: &[&NodeProc]) -> Dispatcher {
 
 pub const TOKEN: &str = "test-fleet-token-0123456789";
 
+/// Moves the calling thread (and every process it starts from now on) into a network namespace
+/// of its own, with loopback up and `addrs` (IPv4, each a /32) on it: servers there are "this
+/// machine's addresses" to a node started from this thread, and nothing leaves the machine.
+/// Call it on a thread of its own (never a pool's), since the thread stays there.
+pub fn private_network(addrs: &[&str]) {
+    // SAFETY: unshare affects only the calling thread's namespaces.
+    assert_eq!(
+        unsafe { libc::unshare(libc::CLONE_NEWNET) },
+        0,
+        "unshare(CLONE_NEWNET): {}",
+        std::io::Error::last_os_error()
+    );
+    let ip = |args: &[&str]| {
+        let status = Command::new("ip").args(args).status().expect("run ip");
+        assert!(status.success(), "ip {args:?} failed");
+    };
+    ip(&["link", "set", "dev", "lo", "up"]);
+    for a in addrs {
+        ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
+    }
+}
+
 /// A temporary directory with a fleet token file.
 pub fn workspace() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::Builder::new()
@@ -462,6 +484,7 @@ pub fn small_claim(
         metadata: Default::default(),
         env_vars: Default::default(),
         lifecycle: Default::default(),
+        network: Default::default(),
     }
 }
 

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::{BodyDataStream, BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
+use subtle::ConstantTimeEq;
 use tokio::io::AsyncWriteExt;
 
 pub use credentials::{Access, Signed, sign};
@@ -47,6 +48,8 @@ struct Route {
     agent_token: String,
     /// The sandbox's envdAccessToken as the SDK holds it.
     jwt: String,
+    /// Set when the sandbox's ports are not public: what `e2b-traffic-access-token` must be.
+    traffic: Option<String>,
 }
 
 /// The proxy's state, part of the e2b surface's.
@@ -81,6 +84,7 @@ const HOP_BY_HOP: &[&str] = &[
     "expect",
 ];
 const ACCESS_TOKEN: &str = "x-access-token";
+const TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
 
 fn host_of(head: &RequestHead) -> Option<&str> {
     head.headers
@@ -165,6 +169,7 @@ impl Proxy {
         let route = Route {
             node: record.address.clone(),
             jwt: e2b.tokens.issue(&record.id, &record.token)?,
+            traffic: e2b.traffic_token(&record),
             agent_token: record.token,
         };
         self.routes.insert(sandbox.to_string(), route.clone());
@@ -247,7 +252,9 @@ fn upstream_request(
     let upgrade = is_upgrade(req);
     for (name, value) in req.headers() {
         let n = name.as_str();
+        // The gateway's credentials are for the gateway; the sandbox never sees them.
         if n == ACCESS_TOKEN
+            || n == TRAFFIC_TOKEN
             || (HOP_BY_HOP.contains(&n) && !(upgrade && (n == "upgrade" || n == "connection")))
         {
             continue;
@@ -331,6 +338,16 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
         }
     };
     let mut agent_token = None;
+    if let Some(wanted) = route.traffic.as_deref().filter(|_| !target.is_envd()) {
+        let presented = header_str(req.headers(), TRAFFIC_TOKEN).unwrap_or("");
+        if !bool::from(presented.as_bytes().ct_eq(wanted.as_bytes())) {
+            return answer(
+                403,
+                &target.published,
+                "This sandbox's ports are not public: send its traffic access token as e2b-traffic-access-token",
+            );
+        }
+    }
     if target.is_envd() {
         if req.path() == "/init" {
             return answer(

@@ -90,6 +90,21 @@ impl Runtime for AnyRuntime {
         }
     }
 
+    fn enforces_egress(&self) -> bool {
+        match self {
+            AnyRuntime::Builtin(r) => r.enforces_egress(),
+            AnyRuntime::Gvisor(r) => r.enforces_egress(),
+        }
+    }
+
+    async fn set_egress(
+        &self,
+        inst: &Instance<AnyHandle>,
+        egress: Option<&crate::model::network::Egress>,
+    ) -> Result<()> {
+        on!(self, inst, |r, i| r.set_egress(&i, egress).await)
+    }
+
     async fn boot(&self, spec: BootSpec<'_>) -> Result<Instance<AnyHandle>> {
         match self {
             AnyRuntime::Builtin(r) => {

@@ -19,7 +19,9 @@ use super::dial::Dialer;
 use super::disk::{self, Disks};
 use super::reaper::{LIFELINE_FD, Reaper};
 use super::{BootSpec, Conn, Instance, Runtime, Usage, sys};
+use crate::model::network::{self, Egress};
 use crate::model::{Error, Result, ids};
+use crate::sandbox::egress;
 use crate::sandbox::net::ALWAYS_BLOCKED;
 use crate::sandbox::spec::{self as boot, IdMap, Net, layout};
 
@@ -55,6 +57,8 @@ pub struct BuiltinConfig {
     pub disk_bytes: Option<u64>,
     /// The node's data-directory lock (see `Reaper`).
     pub node_lock: PathBuf,
+    /// Blocked ranges sandboxes may reach all the same (`--sandbox-reachable`).
+    pub reachable: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -73,6 +77,8 @@ pub struct BuiltinRuntime {
     disks: Disks,
     dialer: Dialer,
     slirp4netns: Option<PathBuf>,
+    /// For sandboxes' own egress policies (`crate::sandbox::egress`).
+    nft: Option<PathBuf>,
     blocked: Vec<String>,
     /// Every supervisor inherits the lifeline's read end; when the node exits for any reason
     /// supervisors end their sandboxes, and the reaper ends what they could not.
@@ -89,6 +95,23 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::internal(format!("runtime task failed: {e}")))?
 }
 
+/// Puts `egress` in force in the network namespace `netns` with the rules for `hook`.
+pub(super) async fn enforce_egress(
+    nft: Option<&Path>,
+    netns: PathBuf,
+    egress: Option<&Egress>,
+    hook: egress::Hook,
+) -> Result<()> {
+    let nft = nft
+        .ok_or_else(|| Error::invalid("network policies need nftables (apt-get install nftables)"))?
+        .to_path_buf();
+    let script = egress::ruleset(egress, hook);
+    blocking(move || {
+        egress::apply(&nft, &netns, &script).map_err(io_err("applying the sandbox's egress rules"))
+    })
+    .await
+}
+
 /// A program on PATH (or in the usual system directories).
 pub fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
@@ -98,11 +121,26 @@ pub fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// What no sandbox may reach: the always-blocked ranges and the host's own networks.
-pub fn blocked_ranges() -> Vec<String> {
+/// What no sandbox may reach: the always-blocked ranges and the host's own networks, except
+/// the ranges the operator made `reachable` (an internal mirror, say).
+pub fn blocked_ranges(reachable: &[String]) -> Result<Vec<String>> {
     let mut blocked: Vec<String> = ALWAYS_BLOCKED.iter().map(|s| s.to_string()).collect();
     blocked.extend(host_networks());
-    blocked
+    without(blocked, reachable)
+}
+
+fn without(blocked: Vec<String>, reachable: &[String]) -> Result<Vec<String>> {
+    if reachable.is_empty() {
+        return Ok(blocked);
+    }
+    let reachable = network::parse_cidrs("--sandbox-reachable", reachable)?;
+    let blocked = network::merge(
+        blocked
+            .iter()
+            .filter_map(|c| network::parse_cidr(c))
+            .collect(),
+    );
+    Ok(network::prefixes(&network::subtract(&blocked, &reachable)))
 }
 
 /// slirp4netns, when it and `ip` (which sets up its routes) are both installed.
@@ -165,7 +203,7 @@ impl BuiltinRuntime {
         }
         let disks = Disks::find(cfg.disks.clone()).map_err(io_err("preparing sandbox disks"))?;
         let slirp4netns = find_slirp4netns();
-        let blocked = blocked_ranges();
+        let blocked = blocked_ranges(&cfg.reachable)?;
         let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
         let dialer = Dialer::new().map_err(io_err("starting the dial thread"))?;
         Ok(BuiltinRuntime {
@@ -174,6 +212,7 @@ impl BuiltinRuntime {
             disks,
             dialer,
             slirp4netns,
+            nft: which("nft"),
             blocked,
             reaper,
         })
@@ -351,18 +390,32 @@ impl Runtime for BuiltinRuntime {
         };
         let logs = crate::node::logs::Logs::default();
         match self.start(&spec, &cg, &logs).await {
-            Ok((pid, start_ticks)) => Ok(Instance {
-                id: spec.instance_id.to_string(),
-                dir: spec.dir.to_path_buf(),
-                address: String::new(),
-                handle: BuiltinHandle {
-                    pid,
-                    start_ticks,
-                    cgroup: cg,
-                    init_token,
-                },
-                logs,
-            }),
+            Ok((pid, start_ticks)) => {
+                let inst = Instance {
+                    id: spec.instance_id.to_string(),
+                    dir: spec.dir.to_path_buf(),
+                    address: String::new(),
+                    handle: BuiltinHandle {
+                        pid,
+                        start_ticks,
+                        cgroup: cg,
+                        init_token,
+                    },
+                    logs,
+                };
+                // Only the agent runs before a claim hands the sandbox out, so rules set
+                // now are in force before anything of the caller's runs.
+                let egress = spec
+                    .egress
+                    .filter(|_| Net::parse(&spec.key.net).ok() == Some(Net::Egress));
+                if let Some(e) = egress
+                    && let Err(err) = self.set_egress(&inst, Some(e)).await
+                {
+                    let _ = self.destroy(&inst).await;
+                    return Err(err);
+                }
+                Ok(inst)
+            }
             Err(e) => {
                 let cgroups = self.cgroups.clone();
                 let dir = spec.dir.to_path_buf();
@@ -453,6 +506,32 @@ impl Runtime for BuiltinRuntime {
         .await
     }
 
+    fn enforces_egress(&self) -> bool {
+        self.nft.is_some()
+    }
+
+    async fn set_egress(
+        &self,
+        inst: &Instance<BuiltinHandle>,
+        egress: Option<&Egress>,
+    ) -> Result<()> {
+        if !self.is_alive(inst) {
+            return Err(Error::unavailable(format!(
+                "sandbox {} is not running",
+                inst.id
+            )));
+        }
+        // A frozen sandbox's namespace is the host's to change like any other.
+        let netns = PathBuf::from(format!("/proc/{}/ns/net", inst.handle.pid));
+        enforce_egress(
+            self.nft.as_deref(),
+            netns,
+            egress,
+            egress::Hook::KernelStack,
+        )
+        .await
+    }
+
     fn is_alive(&self, inst: &Instance<BuiltinHandle>) -> bool {
         sys::is_same_live_process(inst.handle.pid, inst.handle.start_ticks)
     }
@@ -502,5 +581,34 @@ impl Drop for BuiltinRuntime {
     fn drop(&mut self) {
         // The node's cgroup directories are empty once every instance is destroyed.
         self.cgroups.remove_parents();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn covered(list: &[String], ip: &str) -> bool {
+        let ip = u32::from(ip.parse::<std::net::Ipv4Addr>().expect("address"));
+        list.iter()
+            .filter_map(|p| network::parse_cidr(p))
+            .any(|(a, b)| a <= ip && ip <= b)
+    }
+
+    #[test]
+    fn reachable_ranges_are_cut_out_of_the_blocked_ones() {
+        let blocked: Vec<String> = ["10.0.0.0/8", "198.51.100.7/32", "127.0.0.0/8"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(without(blocked.clone(), &[]).unwrap(), blocked);
+        let left = without(
+            blocked.clone(),
+            &["198.51.100.0/24".into(), "10.1.0.0/16".into()],
+        )
+        .unwrap();
+        assert!(!covered(&left, "198.51.100.7"));
+        assert!(!covered(&left, "10.1.2.3"));
+        assert!(covered(&left, "10.2.0.1") && covered(&left, "127.0.0.1"));
+        assert!(without(blocked, &["a mirror".into()]).is_err());
     }
 }

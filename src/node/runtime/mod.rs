@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::model::{PoolKey, Result};
+use crate::model::network::Egress;
+use crate::model::{Error, PoolKey, Result};
 use crate::templates::Template;
 
 /// A byte stream into an instance (TCP into its network namespace, or its door socket).
@@ -49,6 +50,9 @@ pub struct BootSpec<'a> {
     pub seed: Option<&'a Path>,
     /// The instance's own directory; must not exist yet.
     pub dir: &'a Path,
+    /// Egress rules in force before any of the instance's processes run (a restored
+    /// instance's resume at once); None for a pool's instances, which get theirs at claim.
+    pub egress: Option<&'a Egress>,
 }
 
 /// Resource use of an instance at one moment.
@@ -77,6 +81,25 @@ pub trait Runtime: Send + Sync + 'static {
     /// instances with this net, not only their files.
     fn captures_memory(&self, _net: &str) -> bool {
         false
+    }
+
+    /// Whether `set_egress` (and `BootSpec::egress`) can be enforced here.
+    fn enforces_egress(&self) -> bool {
+        false
+    }
+
+    /// Puts the instance's egress rules in force (None lifts them); they reach open
+    /// connections' next packets. A paused instance gets them before it runs again.
+    fn set_egress(
+        &self,
+        _inst: &Instance<Self::Handle>,
+        _egress: Option<&Egress>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async {
+            Err(Error::invalid(
+                "this node's runtime cannot enforce network policies",
+            ))
+        }
     }
 
     fn boot(

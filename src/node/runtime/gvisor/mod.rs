@@ -23,6 +23,7 @@ use super::builtin::AgentCommand;
 use super::cgroup::{CgroupSet, Cgroups, Limits};
 use super::reaper::Reaper;
 use super::{BootSpec, Conn, Instance, Runtime, Usage};
+use crate::model::network::Egress;
 use crate::model::{Error, Result, ids};
 use crate::sandbox::gvisor_init::{DOOR, GENERATION};
 use crate::sandbox::netholder::HolderSpec;
@@ -70,6 +71,8 @@ struct Live {
     busy: bool,
     /// The network namespace of the running container (egress only).
     holder: Option<Holder>,
+    /// The sandbox's egress rules, put in each new holder before the sandbox runs in it.
+    egress: Option<Egress>,
 }
 
 /// Written beside a checkpoint image: what a restore of it needs.
@@ -88,6 +91,8 @@ pub struct GvisorRuntime {
     libs: Vec<PathBuf>,
     loader: PathBuf,
     live: Mutex<HashMap<String, Live>>,
+    /// For sandboxes' own egress policies (`crate::sandbox::egress`).
+    nft: Option<PathBuf>,
     /// Ends the runsc processes of every sandbox if the node dies; network holders watch its
     /// lifeline too.
     reaper: Reaper,
@@ -151,7 +156,19 @@ impl GvisorRuntime {
             libs,
             loader,
             live: Mutex::new(HashMap::new()),
+            nft: super::builtin::which("nft"),
         })
+    }
+
+    /// Puts `rules` in the holder's namespace, on the device gVisor writes its frames to.
+    async fn enforce(&self, netns: PathBuf, rules: Option<&Egress>) -> Result<()> {
+        super::builtin::enforce_egress(
+            self.nft.as_deref(),
+            netns,
+            rules,
+            crate::sandbox::egress::Hook::Device,
+        )
+        .await
     }
 
     /// Whether sandboxes with net `egress` can be made here.
@@ -285,6 +302,7 @@ impl GvisorRuntime {
         image: Option<&Path>,
         cg: &CgroupSet,
         egress: bool,
+        rules: Option<&Egress>,
     ) -> Result<(String, Option<Holder>)> {
         Self::bump_generation(dir)?;
         let holder = if egress {
@@ -303,6 +321,9 @@ impl GvisorRuntime {
                 self.cfg.boot_timeout,
             )
             .await?;
+            if rules.is_some() {
+                self.enforce(h.netns(), rules).await?;
+            }
             bundle::join_netns(&dir.join("bundle"), &h.netns())?;
             Some(h)
         } else {
@@ -328,6 +349,7 @@ impl GvisorRuntime {
 
     /// Restores `image` into the (stopped) sandbox `inst` and records the new container.
     async fn restore_into(&self, inst: &Instance<GvisorHandle>, image: &Path) -> Result<()> {
+        let rules = self.live().get(&inst.id).and_then(|l| l.egress.clone());
         let (container, holder) = self
             .launch(
                 &inst.id,
@@ -335,6 +357,7 @@ impl GvisorRuntime {
                 Some(image),
                 &inst.handle.cgroup,
                 inst.handle.egress,
+                rules.as_ref(),
             )
             .await?;
         if let Some(l) = self.live().get_mut(&inst.id) {
@@ -418,6 +441,30 @@ impl Runtime for GvisorRuntime {
         )
     }
 
+    fn enforces_egress(&self) -> bool {
+        self.nft.is_some()
+    }
+
+    async fn set_egress(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        egress: Option<&Egress>,
+    ) -> Result<()> {
+        let netns = {
+            let mut live = self.live();
+            let l = live
+                .get_mut(&inst.id)
+                .ok_or_else(|| Error::unavailable(format!("sandbox {} is not running", inst.id)))?;
+            l.egress = egress.cloned();
+            // A checkpointed sandbox has no holder; its next one gets the rules at birth.
+            l.holder.as_ref().map(Holder::netns)
+        };
+        match netns {
+            Some(netns) => self.enforce(netns, egress).await,
+            None => Ok(()),
+        }
+    }
+
     fn captures_memory(&self, net: &str) -> bool {
         // This runsc cannot save internet connections (not even closed ones it still tracks),
         // and a failed checkpoint ends the sandbox.
@@ -444,7 +491,14 @@ impl Runtime for GvisorRuntime {
         };
         let egress = Net::parse(&spec.key.net)? == Net::Egress;
         match self
-            .launch(spec.instance_id, spec.dir, spec.seed, &cg, egress)
+            .launch(
+                spec.instance_id,
+                spec.dir,
+                spec.seed,
+                &cg,
+                egress,
+                spec.egress,
+            )
             .await
         {
             Ok((container, holder)) => {
@@ -456,6 +510,7 @@ impl Runtime for GvisorRuntime {
                         frozen: false,
                         busy: false,
                         holder,
+                        egress: spec.egress.cloned(),
                     },
                 );
                 Ok(Instance {

@@ -1,0 +1,111 @@
+//! A claimed sandbox's network policy on its node: which egress rules a claim brings, putting
+//! them in force before the caller's code runs, and replacing them while the sandbox lives
+//! (they reach open connections' next packets).
+
+use super::Node;
+use super::runtime::{Instance, Runtime};
+use crate::model::network::{Egress, NetworkPolicy};
+use crate::model::{Error, InventoryChange, PoolKey, Result, SandboxRecord};
+
+impl<R: Runtime> Node<R> {
+    /// The rules `policy` asks for on a sandbox of `key`: none without a network of its own
+    /// (nothing leaves one anyway) or when nothing is denied. A policy that needs rules on a
+    /// node that cannot enforce them is refused before anything is claimed.
+    pub(super) fn egress_for(
+        &self,
+        key: &PoolKey,
+        policy: &NetworkPolicy,
+    ) -> Result<Option<Egress>> {
+        let rules = policy.egress()?;
+        if key.net != "egress" {
+            if !policy.denies_everything() && rules.is_some() {
+                return Err(Error::invalid(format!(
+                    "pool {key} has no network, so egress rules that allow something cannot apply to it"
+                )));
+            }
+            return Ok(None);
+        }
+        if rules.is_some() && !self.inner.runtime.enforces_egress() {
+            return Err(Error::invalid(format!(
+                "node {:?} cannot enforce network policies (nftables is not installed: apt-get install nftables)",
+                self.name()
+            )));
+        }
+        Ok(rules)
+    }
+
+    /// Puts `egress` in force on an instance about to be handed out; one that cannot take
+    /// them is destroyed rather than handed out without them.
+    pub(super) async fn with_egress(
+        &self,
+        inst: Instance<R::Handle>,
+        egress: Option<&Egress>,
+    ) -> Result<Instance<R::Handle>> {
+        let Some(rules) = egress else {
+            return Ok(inst);
+        };
+        match self.inner.runtime.set_egress(&inst, Some(rules)).await {
+            Ok(()) => Ok(inst),
+            Err(e) => {
+                self.destroy_later(inst, "egress rules failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// Replaces the sandbox's network policy (the e2b update replaces the whole egress
+    /// configuration; whether its ports are public stays as created). Answers the record
+    /// without its token and whether it changed.
+    pub async fn update_network(
+        &self,
+        id: &str,
+        mut policy: NetworkPolicy,
+    ) -> Result<(SandboxRecord, bool)> {
+        policy.validate()?;
+        let (op, inst) = self.claim_handle(id)?;
+        let _guard = op.lock_owned().await;
+        let current = self.record_of(id)?;
+        policy.allow_public_traffic = current.network.allow_public_traffic;
+        if policy == current.network {
+            return Ok((current.without_token(), false));
+        }
+        if current.key.net != "egress" && !policy.denies_everything() {
+            return Err(Error::conflict(format!(
+                "sandbox {id} was created without internet access (allow_internet_access: false), so it has no network to open; create it with internet access and a denyOut list to change its egress later"
+            )));
+        }
+        let rules = self.egress_for(&current.key, &policy)?;
+        if current.key.net == "egress" {
+            // Lifting every rule is a change too: the old table must go.
+            self.inner.runtime.set_egress(&inst, rules.as_ref()).await?;
+        }
+        let mut st = self.state();
+        let Some(c) = st.claims.get_mut(id) else {
+            return Err(self.not_found(&st, id));
+        };
+        c.record.network = policy;
+        c.instance.logs.note(
+            crate::model::logs::LogLevel::Info,
+            match &rules {
+                Some(r) => format!(
+                    "network policy updated: {} denied, {} allowed back",
+                    r.deny.join(" "),
+                    if r.allow.is_empty() {
+                        "none".to_string()
+                    } else {
+                        r.allow.join(" ")
+                    }
+                ),
+                None => "network policy updated: all egress open".to_string(),
+            },
+        );
+        let record = c.record.clone().without_token();
+        st.emit(
+            &self.inner.events,
+            InventoryChange::Modified(record.clone()),
+        );
+        drop(st);
+        self.changed();
+        Ok((record, true))
+    }
+}

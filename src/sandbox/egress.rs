@@ -1,0 +1,169 @@
+//! A sandbox's own egress policy (`allowOut`/`denyOut`), enforced by nftables in its
+//! host-owned network namespace, which the sandbox cannot change. The operator's blocks (private
+//! ranges, the host's own networks) are routes and come first; these rules only narrow what is
+//! left. Rules are checked per packet, so a change reaches open connections' next packets.
+//!
+//! On the built-in runtime the sandbox's kernel stack sends through `tap0`: an `output` hook
+//! turns denied packets away at once (the caller sees "no route to host" or a reset). gVisor
+//! sends its own frames into `tap0` through a packet socket, which skips the IP hooks but not
+//! the device's `egress` hook, where denied frames are dropped (connections time out).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::model::network::Egress;
+
+/// The interface slirp4netns serves in every egress namespace.
+pub const DEVICE: &str = "tap0";
+const TABLE: &str = "sandbox_egress";
+
+/// Where the rules hook in (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// The namespace's own IP stack sends (built-in runtime).
+    KernelStack,
+    /// Frames are written to the device directly (gVisor's netstack).
+    Device,
+}
+
+impl Hook {
+    fn family(self) -> &'static str {
+        match self {
+            Hook::KernelStack => "inet",
+            Hook::Device => "netdev",
+        }
+    }
+}
+
+/// An nft script that replaces the namespace's policy table in one transaction; with no
+/// rules it only removes the table.
+pub fn ruleset(egress: Option<&Egress>, hook: Hook) -> String {
+    let family = hook.family();
+    // Creating the table first makes the delete valid whether or not it existed.
+    let mut s = format!("table {family} {TABLE}\ndelete table {family} {TABLE}\n");
+    let Some(e) = egress else {
+        return s;
+    };
+    s.push_str(&format!("table {family} {TABLE} {{\n  chain out {{\n"));
+    match hook {
+        Hook::KernelStack => {
+            s.push_str("    type filter hook output priority 0; policy accept;\n");
+            // Loopback carries the node's own connections to the agent.
+            s.push_str(&format!("    oifname != \"{DEVICE}\" accept\n"));
+        }
+        Hook::Device => s.push_str(&format!(
+            "    type filter hook egress device \"{DEVICE}\" priority 0; policy accept;\n"
+        )),
+    }
+    let verdict = match hook {
+        Hook::KernelStack => "reject with icmpx type admin-prohibited",
+        Hook::Device => "drop",
+    };
+    if !e.allow.is_empty() {
+        s.push_str(&format!(
+            "    ip daddr {{ {} }} accept\n",
+            e.allow.join(", ")
+        ));
+    }
+    if !e.deny.is_empty() {
+        s.push_str(&format!(
+            "    ip daddr {{ {} }} {verdict}\n",
+            e.deny.join(", ")
+        ));
+    }
+    s.push_str("  }\n}\n");
+    s
+}
+
+/// Runs `nft` inside the network namespace `netns` (a `/proc/PID/ns/net` path) with `script`.
+pub fn apply(nft: &Path, netns: &Path, script: &str) -> io::Result<()> {
+    let ns = File::open(netns)?;
+    let fd = ns.as_raw_fd();
+    let mut cmd = Command::new(nft);
+    cmd.args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setns is async-signal-safe and only touches the child's own namespace.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    drop(ns);
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "nft refused the sandbox's egress rules: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn egress(allow: &[&str], deny: &[&str]) -> Egress {
+        Egress {
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn kernel_stack_rules_spare_loopback_and_reject_after_the_exceptions() {
+        let s = ruleset(
+            Some(&egress(&["203.0.113.7/32"], &["0.0.0.0/1", "128.0.0.0/1"])),
+            Hook::KernelStack,
+        );
+        let lines: Vec<&str> = s.lines().map(str::trim).collect();
+        assert_eq!(lines[0], "table inet sandbox_egress");
+        assert_eq!(lines[1], "delete table inet sandbox_egress");
+        let at = |needle: &str| {
+            lines
+                .iter()
+                .position(|l| l.starts_with(needle))
+                .unwrap_or_else(|| panic!("{needle} missing in {s}"))
+        };
+        assert!(at("type filter hook output") < at("oifname != \"tap0\" accept"));
+        assert!(at("oifname") < at("ip daddr { 203.0.113.7/32 } accept"));
+        assert!(
+            at("ip daddr { 203.0.113.7/32 } accept")
+                < at("ip daddr { 0.0.0.0/1, 128.0.0.0/1 } reject")
+        );
+    }
+
+    #[test]
+    fn device_rules_drop_on_the_taps_egress() {
+        let s = ruleset(Some(&egress(&[], &["198.51.100.0/24"])), Hook::Device);
+        assert!(s.contains("table netdev sandbox_egress {"));
+        assert!(s.contains("hook egress device \"tap0\""));
+        assert!(s.contains("ip daddr { 198.51.100.0/24 } drop"));
+        assert!(!s.contains("accept\n    ip daddr {  }"), "no empty set");
+        assert!(
+            !s.contains(" accept\n    ip daddr { 198"),
+            "no allow rule without entries"
+        );
+    }
+
+    #[test]
+    fn no_rules_only_removes_the_table() {
+        assert_eq!(
+            ruleset(None, Hook::Device),
+            "table netdev sandbox_egress\ndelete table netdev sandbox_egress\n"
+        );
+    }
+}

@@ -1,0 +1,242 @@
+"""Network policies with the unmodified e2b Python SDK: `network={"deny_out", "allow_out"}`,
+`allow_internet_access` with exceptions, `update_network` reaching an open connection's next
+packets, `allow_public_traffic=False` guarding the sandbox's ports with its traffic access
+token, and the options that are refused by name. Run by tests/e2b_network.rs inside a private
+network namespace where SERVER_A and SERVER_B are addresses of this machine that the node lets
+sandboxes reach (`--sandbox-reachable`); nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import socketserver
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import httpx
+import pytest
+
+from e2b import Sandbox, SandboxException
+from e2b.sandbox.network import ALL_TRAFFIC
+
+A = os.environ["SERVER_A"]
+B = os.environ["SERVER_B"]
+SANDBOX_URL = os.environ["E2B_SANDBOX_URL"]
+RUNTIME = os.environ.get("RUNTIME", "builtin")
+HTTP_PORT = 8080
+ECHO_PORT = 9000
+
+
+class Hello(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.server.server_address[0].encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(64):
+            self.request.sendall(data)
+
+
+class ThreadedTCP(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def servers():
+    started = [HTTPServer((A, HTTP_PORT), Hello), HTTPServer((B, HTTP_PORT), Hello), ThreadedTCP((B, ECHO_PORT), Echo)]
+    for s in started:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    yield
+    for s in started:
+        s.shutdown()
+
+
+def reaches(sbx: Sandbox, addr: str) -> bool:
+    """Whether an HTTP request from inside the sandbox to `addr` is answered (by that server)."""
+    out = sbx.commands.run(
+        f"curl -s -m 3 http://{addr}:{HTTP_PORT}/ || echo unreachable", timeout=30
+    ).stdout
+    assert out in (addr, "unreachable\n"), out
+    return out == addr
+
+
+def test_with_no_policy_both_servers_are_reachable():
+    sbx = Sandbox.create()
+    try:
+        assert reaches(sbx, A) and reaches(sbx, B)
+        info = sbx.get_info()
+        assert info.allow_internet_access is True
+        assert not info.network, "nothing was asked for, nothing is reported"
+    finally:
+        sbx.kill()
+
+
+def test_deny_out_turns_one_destination_away():
+    sbx = Sandbox.create(network={"deny_out": [f"{B}/32"]})
+    try:
+        assert reaches(sbx, A)
+        assert not reaches(sbx, B)
+        info = sbx.get_info()
+        assert info.network["deny_out"] == [f"{B}/32"]
+        assert info.network.get("allow_out", []) == []
+    finally:
+        sbx.kill()
+
+
+def test_deny_all_with_an_exception_lets_only_the_exception_out():
+    sbx = Sandbox.create(network={"deny_out": [ALL_TRAFFIC], "allow_out": [A]})
+    try:
+        assert reaches(sbx, A)
+        assert not reaches(sbx, B)
+    finally:
+        sbx.kill()
+
+
+def test_internet_off_with_an_exception():
+    sbx = Sandbox.create(allow_internet_access=False, network={"allow_out": [A]})
+    try:
+        assert reaches(sbx, A)
+        assert not reaches(sbx, B)
+        info = sbx.get_info()
+        assert info.allow_internet_access is False
+        assert info.network["allow_out"] == [A]
+    finally:
+        sbx.kill()
+
+
+def test_an_update_reaches_open_connections_and_can_be_lifted():
+    sbx = Sandbox.create()
+    try:
+        script = (
+            "import os, socket, time\n"
+            f"s = socket.create_connection(('{B}', {ECHO_PORT}), timeout=3)\n"
+            "s.sendall(b'1'); assert s.recv(1) == b'1'\n"
+            "open('/tmp/connected', 'w').write('1')\n"
+            "while not os.path.exists('/tmp/go'): time.sleep(0.05)\n"
+            "try:\n"
+            "    s.sendall(b'2'); print('open' if s.recv(1) == b'2' else 'closed')\n"
+            "except OSError as e:\n"
+            "    print('blocked', e)\n"
+        )
+        sbx.files.write("/tmp/probe.py", script)
+        handle = sbx.commands.run("python3 /tmp/probe.py", background=True)
+        deadline = time.monotonic() + 20
+        while not sbx.files.exists("/tmp/connected"):
+            assert time.monotonic() < deadline, "the probe never connected"
+            time.sleep(0.1)
+        sbx.update_network({"deny_out": [B]})
+        sbx.files.write("/tmp/go", "")
+        result = handle.wait()
+        assert result.stdout.startswith("blocked"), result.stdout
+        assert not reaches(sbx, B) and reaches(sbx, A)
+        assert sbx.get_info().network["deny_out"] == [B]
+        # The update replaces the whole egress configuration: an empty one opens everything.
+        sbx.update_network({})
+        assert reaches(sbx, B)
+        assert not sbx.get_info().network
+        # And internet access can be turned off and on again.
+        sbx.update_network({"allow_internet_access": False})
+        assert not reaches(sbx, A) and not reaches(sbx, B)
+        assert sbx.get_info().allow_internet_access is False
+        sbx.update_network({"allow_internet_access": True})
+        assert reaches(sbx, A)
+    finally:
+        sbx.kill()
+
+
+def test_the_sandbox_cannot_route_around_its_policy():
+    sbx = Sandbox.create(network={"deny_out": [B]})
+    try:
+        attempts = ("ip route add 198.51.100.8/32 via 10.0.2.2", "ip route flush table main", "ip link set dev tap0 down")
+        for cmd in attempts:
+            r = sbx.commands.run(f"{cmd} 2>&1; echo rc=$?", user="root", timeout=30)
+            if RUNTIME == "builtin":
+                # The namespace belongs to the host: its root may not change it.
+                assert "rc=0" not in r.stdout, f"{cmd}: {r.stdout}"
+        # gVisor's root may rearrange gVisor's own stack, but the rules sit outside it.
+        assert not reaches(sbx, B)
+        if RUNTIME == "builtin":
+            assert reaches(sbx, A)
+    finally:
+        sbx.kill()
+
+
+def test_private_ports_need_the_traffic_access_token():
+    sbx = Sandbox.create(network={"allow_public_traffic": False})
+    try:
+        token = sbx.traffic_access_token
+        assert token, "a sandbox with private ports gets a traffic access token"
+        sbx.files.write("/home/user/site/index.html", "inside")
+        sbx.commands.run("cd /home/user/site && python3 -m http.server 8000 >/dev/null 2>&1", background=True)
+        headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000"}
+        deadline = time.monotonic() + 20
+        while True:
+            r = httpx.get(f"{SANDBOX_URL}/index.html", headers={**headers, "e2b-traffic-access-token": token})
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200 and r.text == "inside", r.text
+        assert httpx.get(f"{SANDBOX_URL}/index.html", headers=headers).status_code == 403
+        wrong = {**headers, "e2b-traffic-access-token": token[:-1] + ("0" if token[-1] != "0" else "1")}
+        assert httpx.get(f"{SANDBOX_URL}/index.html", headers=wrong).status_code == 403
+        # envd is guarded by its own token, not this one: the SDK keeps working.
+        assert sbx.commands.run("echo ok").stdout == "ok\n"
+        assert sbx.get_info().network["allow_public_traffic"] is False
+        # Public by default: no token, no header needed.
+        other = Sandbox.create()
+        try:
+            assert other.traffic_access_token is None
+        finally:
+            other.kill()
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.parametrize(
+    "network, named",
+    [
+        ({"allow_out": ["example.com"], "deny_out": [ALL_TRAFFIC]}, "domain name"),
+        ({"deny_out": ["::/0"]}, "IPv6"),
+        ({"deny_out": ["10.0.0.0/33"]}, "not an IPv4"),
+        ({"egress_proxy": {"address": "proxy.example.com:1080"}}, "egressProxy"),
+        ({"https_ports": [3000]}, "httpsPorts"),
+    ],
+)
+def test_what_cannot_be_enforced_is_refused_by_name(network, named):
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(network=network)
+    assert "400" in str(e.value) and named in str(e.value), str(e.value)
+
+
+def test_updates_are_checked_and_a_sandbox_without_network_stays_closed():
+    sbx = Sandbox.create()
+    try:
+        with pytest.raises(SandboxException) as e:
+            sbx.update_network({"allow_out": ["example.com"], "deny_out": [ALL_TRAFFIC]})
+        assert "domain name" in str(e.value)
+        assert reaches(sbx, B), "a refused update changes nothing"
+    finally:
+        sbx.kill()
+    closed = Sandbox.create(allow_internet_access=False)
+    try:
+        assert not reaches(closed, A)
+        with pytest.raises(SandboxException) as e:
+            closed.update_network({"allow_out": [A], "deny_out": [ALL_TRAFFIC]})
+        assert "409" in str(e.value) and "without internet access" in str(e.value)
+        closed.update_network({"allow_internet_access": False})
+    finally:
+        closed.kill()
+    with pytest.raises(SandboxException) as e:
+        Sandbox.update_network("e2b-nosuchsbx", {"deny_out": [B]})
+    assert "not found" in str(e.value).lower()
