@@ -157,6 +157,23 @@ async fn e2b_wire_contract() {
             Some(json!({})),
         )
         .await,
+        404,
+        "not found",
+    );
+    assert_error(
+        &gw.call(
+            Method::PUT,
+            "/sandboxes/sb-0000000000000000/network",
+            a,
+            Some(json!({"denyOut": ["example.com"]})),
+        )
+        .await,
+        400,
+        "domain name",
+    );
+    assert_error(
+        &gw.call(Method::POST, "/v3/templates", a, Some(json!({})))
+            .await,
         501,
         "not supported",
     );
@@ -429,6 +446,27 @@ async fn e2b_wire_contract() {
         409,
         "already running",
     );
+    // The deprecated resume's autoPause sets what the end of the timeout does.
+    for (auto_pause, on_timeout) in [(true, "pause"), (false, "kill")] {
+        let p = gw
+            .call(Method::POST, &format!("/sandboxes/{id}/pause"), a, None)
+            .await;
+        assert_eq!(p.status, StatusCode::NO_CONTENT, "{:?}", p.body);
+        let r = gw
+            .call(
+                Method::POST,
+                &format!("/sandboxes/{id}/resume"),
+                a,
+                Some(json!({"timeout": 60, "autoPause": auto_pause})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        let info = gw
+            .call(Method::GET, &format!("/sandboxes/{id}"), a, None)
+            .await;
+        assert_eq!(info.body["state"], "running");
+        assert_eq!(info.body["lifecycle"]["onTimeout"], on_timeout);
+    }
     assert_error(
         &gw.call(
             Method::POST,

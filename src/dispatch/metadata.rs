@@ -8,7 +8,7 @@ use super::Dispatcher;
 use super::client::Effect;
 use super::read_view::LocalChange;
 use crate::model::network::NetworkPolicy;
-use crate::model::{Error, Result, SandboxRecord};
+use crate::model::{Error, OnTimeout, Result, SandboxRecord};
 use crate::proto;
 
 impl Dispatcher {
@@ -58,6 +58,30 @@ impl Dispatcher {
                 c.update_network(proto::UpdateNetworkRequest {
                     id: record.id,
                     network: Some(policy.into()),
+                }),
+            )
+            .await?;
+        self.state_changed(reply)
+    }
+
+    /// Sets what the end of the sandbox's lease does (outside `namespace`: not found).
+    pub async fn set_on_timeout(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        on_timeout: OnTimeout,
+    ) -> Result<(SandboxRecord, bool)> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(
+                "set on-timeout",
+                Effect::Write,
+                self.inner.cfg.call_timeout,
+                c.set_on_timeout(proto::SetOnTimeoutRequest {
+                    id: record.id,
+                    on_timeout: on_timeout.as_str().to_string(),
                 }),
             )
             .await?;

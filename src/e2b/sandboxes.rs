@@ -518,13 +518,21 @@ pub async fn resume(
     body: OptionalBody<wire::ResumeRequest>,
 ) -> ApiResult<HttpResponse> {
     let b = body.0;
-    if b.auto_pause == Some(true) {
-        return Err(ApiError::bad_request(
-            "autoPause is not supported by this gateway",
-        ));
-    }
     let timeout = b.timeout.unwrap_or(DEFAULT_RESUME_TIMEOUT);
-    connect(&e2b, &tenant, &id, timeout, b.memory, true).await
+    let resumed = connect(&e2b, &tenant, &id, timeout, b.memory, true).await?;
+    // The deprecated flag sets what the end of the resumed sandbox's timeout does, as
+    // `lifecycle.on_timeout` does at create.
+    if let Some(pause) = b.auto_pause {
+        let on_timeout = if pause {
+            model::OnTimeout::Pause
+        } else {
+            model::OnTimeout::Kill
+        };
+        e2b.dispatcher
+            .set_on_timeout(tenant.scope(), &id, on_timeout)
+            .await?;
+    }
+    Ok(resumed)
 }
 
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/fork", tag = "sandboxes",

@@ -175,6 +175,7 @@ pub struct ConnectRequest {
 #[serde(rename_all = "camelCase")]
 pub struct ResumeRequest {
     pub timeout: Option<i64>,
+    /// Deprecated: true pauses the resumed sandbox at the end of its timeout, false kills it.
     pub auto_pause: Option<bool>,
     pub memory: Option<bool>,
 }

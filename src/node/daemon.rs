@@ -140,6 +140,11 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
     tokio::task::block_in_place(|| store.ensure_base(&progress))?;
     let runtime = pick_runtime(&node_cfg, &paths, cfg.agent)?;
     println!("runtime {}", runtime.describe());
+    if runtime.offers_egress() && !runtime.enforces_egress() {
+        println!(
+            "sandboxes' own network policies are refused on this node: nftables is not installed (apt-get install nftables)"
+        );
+    }
     if !runtime.offers_egress() {
         let before = node_cfg.pools.len();
         node_cfg.pools.retain(|p| p.key.net != "egress");

@@ -235,6 +235,20 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
         }))
     }
 
+    async fn set_on_timeout(
+        &self,
+        req: Request<proto::SetOnTimeoutRequest>,
+    ) -> Reply<proto::StateChange> {
+        let r = req.into_inner();
+        required_id(&r.id, "sandbox")?;
+        let on_timeout = model::OnTimeout::parse(&r.on_timeout)?;
+        let (record, changed) = self.node.set_on_timeout(&r.id, on_timeout)?;
+        Ok(Response::new(proto::StateChange {
+            changed,
+            sandbox: Some((&record).into()),
+        }))
+    }
+
     async fn update_network(
         &self,
         req: Request<proto::UpdateNetworkRequest>,
