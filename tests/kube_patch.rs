@@ -486,6 +486,47 @@ async fn kubectl_patches_applies_edits_and_replaces() {
         labels.get("ssa").is_none() && labels["app"] == "db",
         "{labels}"
     );
+    // A second manager may not take a field the first applied, unless it forces; forcing
+    // moves the field to it, so the first manager's next apply no longer removes it.
+    let team = manifest("demo", &[("app", "db"), ("tier", "a")], &until);
+    k.ok(&["apply", "--server-side", "-f", "-"], Some(&team));
+    let rival = manifest("demo", &[("tier", "b")], &until);
+    let apply_as = |who: &str| {
+        vec![
+            "apply".to_string(),
+            "--server-side".into(),
+            format!("--field-manager={who}"),
+            "-f".into(),
+            "-".into(),
+        ]
+    };
+    let args = apply_as("rival");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let err = k.fails(&args, Some(&rival));
+    assert!(
+        err.contains("conflict") && err.contains(".metadata.labels.tier"),
+        "{err}"
+    );
+    assert_eq!(
+        k.json(&["sandbox", "demo"])["metadata"]["labels"]["tier"],
+        "a"
+    );
+    // The same value is no conflict.
+    let same = manifest("demo", &[("tier", "a")], &until);
+    k.ok(&args, Some(&same));
+    let mut forced = args.clone();
+    forced.insert(2, "--force-conflicts");
+    k.ok(&forced, Some(&rival));
+    assert_eq!(
+        k.json(&["sandbox", "demo"])["metadata"]["labels"]["tier"],
+        "b"
+    );
+    k.ok(
+        &["apply", "--server-side", "-f", "-"],
+        Some(&manifest("demo", &[("app", "db")], &until)),
+    );
+    let labels = k.json(&["sandbox", "demo"])["metadata"]["labels"].clone();
+    assert_eq!(labels["tier"], "b", "the rival owns it now: {labels}");
     let out = k.ok(
         &["apply", "--server-side", "-f", "-"],
         Some(&manifest(

@@ -177,6 +177,57 @@ pub fn owned_by(applied: &Value) -> Owned {
     }
 }
 
+/// The labels and annotations `applied` would change that another manager (of `others`)
+/// applied: `(field path, manager)`. Setting a key to the value it has is no conflict.
+pub fn conflicts(
+    current: &Value,
+    applied: &Value,
+    others: &[(String, Owned)],
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for field in ["labels", "annotations"] {
+        let Some(wanted) = applied["metadata"][field].as_object() else {
+            continue;
+        };
+        for (key, value) in wanted {
+            if current["metadata"][field].get(key) == Some(value) {
+                continue;
+            }
+            for (manager, owned) in others {
+                let keys = if field == "labels" {
+                    &owned.labels
+                } else {
+                    &owned.annotations
+                };
+                if keys.contains(key) {
+                    out.push((format!(".metadata.{field}.{key}"), manager.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What the managers of `others` own once a forced apply took the keys of `applied` from
+/// them (only the managers that lost something).
+pub fn forced(applied: &Value, others: &[(String, Owned)]) -> Vec<(String, Owned)> {
+    let taken = owned_by(applied);
+    others
+        .iter()
+        .filter_map(|(manager, owned)| {
+            let left = Owned {
+                labels: owned.labels.difference(&taken.labels).cloned().collect(),
+                annotations: owned
+                    .annotations
+                    .difference(&taken.annotations)
+                    .cloned()
+                    .collect(),
+            };
+            (left != *owned).then(|| (manager.clone(), left))
+        })
+        .collect()
+}
+
 /// `current` with the applied configuration merged in, and what the manager owns now.
 /// `before` is what the same manager owned after its previous apply.
 pub fn server_side_apply(
@@ -540,5 +591,37 @@ mod tests {
             "apiVersion and kind required"
         );
         assert!(parse_applied(b"- a").is_err());
+    }
+
+    #[test]
+    fn appliers_conflict_over_each_others_keys_unless_the_value_is_the_same() {
+        let current = serde_json::json!({"metadata": {"labels": {"tier": "a", "app": "db"}, "annotations": {"n": "1"}}});
+        let others = vec![(
+            "team".to_string(),
+            Owned {
+                labels: ["tier".to_string(), "app".to_string()].into(),
+                annotations: ["n".to_string()].into(),
+            },
+        )];
+        let applied = serde_json::json!({"metadata": {"labels": {"tier": "b", "app": "db", "new": "x"}, "annotations": {"n": "2"}}});
+        assert_eq!(
+            conflicts(&current, &applied, &others),
+            vec![
+                (".metadata.labels.tier".to_string(), "team".to_string()),
+                (".metadata.annotations.n".to_string(), "team".to_string()),
+            ]
+        );
+        let same = serde_json::json!({"metadata": {"labels": {"tier": "a"}}});
+        assert!(conflicts(&current, &same, &others).is_empty());
+        let moved = forced(&applied, &others);
+        assert_eq!(moved.len(), 1);
+        assert!(moved[0].1.labels.is_empty() && moved[0].1.annotations.is_empty());
+        assert!(
+            forced(
+                &serde_json::json!({"metadata": {"labels": {"zzz": "1"}}}),
+                &others
+            )
+            .is_empty()
+        );
     }
 }

@@ -132,6 +132,38 @@ impl KubeError {
         e
     }
 
+    /// 409 Conflict of a server-side apply with fields other managers applied: each cause
+    /// names the field and its manager, as the API server does.
+    pub fn apply_conflicts(name: &str, conflicts: &[(String, String)]) -> Self {
+        let listed: Vec<String> = conflicts
+            .iter()
+            .map(|(field, manager)| format!("conflict with {manager:?}: {field}"))
+            .collect();
+        let mut e = Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Apply failed with {} conflict{}: {}",
+                conflicts.len(),
+                if conflicts.len() == 1 { "" } else { "s" },
+                listed.join("\n")
+            ),
+        );
+        let mut d = resource_details(name);
+        d.causes = Some(
+            conflicts
+                .iter()
+                .map(|(field, manager)| StatusCause {
+                    field: Some(field.clone()),
+                    message: Some(format!("conflict with {manager:?}")),
+                    reason: Some("FieldManagerConflict".into()),
+                })
+                .collect(),
+        );
+        e.details = Some(Box::new(d));
+        e
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(401, "Unauthorized", "Unauthorized")
     }

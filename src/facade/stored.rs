@@ -109,6 +109,17 @@ pub fn owned(r: &SandboxRecord, manager: &str) -> Owned {
         .unwrap_or_default()
 }
 
+/// Every field manager that applied to `r`, with the keys it owns.
+pub fn managers(r: &SandboxRecord) -> Vec<(String, Owned)> {
+    r.metadata
+        .iter()
+        .filter_map(|(k, raw)| {
+            let manager = k.strip_prefix(MANAGED_PREFIX)?;
+            Some((manager.to_string(), serde_json::from_str(raw).ok()?))
+        })
+        .collect()
+}
+
 /// The claim-metadata entry recording `owned` for `manager`.
 pub fn owned_entry(manager: &str, owned: &Owned) -> (String, String) {
     (

@@ -66,13 +66,14 @@ fn lease_until(raw: &str, now: DateTime<Utc>) -> Result<(u64, DateTime<Utc>), &'
     Ok(((millis as u64).div_ceil(1000), at))
 }
 
-/// What `patched` changes against `current` (the object as read from `r`), checked. `owner`
-/// is a server-side apply's field manager and the keys it now owns.
+/// What `patched` changes against `current` (the object as read from `r`), checked. `owners`
+/// are field managers of a server-side apply and the keys each owns now (the applier, and
+/// those a forced apply took keys from).
 pub fn plan(
     r: &SandboxRecord,
     current: &Value,
     patched: &Value,
-    owner: Option<(&str, &Owned)>,
+    owners: &[(&str, &Owned)],
     now: DateTime<Utc>,
 ) -> KubeResult<Plan> {
     let name = objects::name(r).into_owned();
@@ -240,7 +241,7 @@ pub fn plan(
             desired.insert(SPEC_KEY.into(), s);
         }
     }
-    if let Some((manager, owned)) = owner {
+    for &(manager, owned) in owners {
         let (k, v) = stored::owned_entry(manager, owned);
         if *owned == Owned::default() {
             desired.remove(&k);
@@ -325,7 +326,7 @@ mod tests {
     }
 
     fn plan_of(r: &SandboxRecord, patch: Value) -> KubeResult<Plan> {
-        plan(r, &current(r), &merged(r, patch), None, now())
+        plan(r, &current(r), &merged(r, patch), &[], now())
     }
 
     #[test]
@@ -350,12 +351,12 @@ mod tests {
             m["metadata"]["annotations"]["sandbox.cocoonstack.io/deadline"],
             "2030-01-01T00:03:00Z"
         );
-        assert!(plan(&moved, &m, &m, None, now()).unwrap().is_noop());
+        assert!(plan(&moved, &m, &m, &[], now()).unwrap().is_noop());
         assert_eq!(c["spec"]["operatingMode"], "Running");
         assert_eq!(c["metadata"]["annotations"]["note"], "x");
         assert!(plan_of(&r, json!({})).unwrap().is_noop());
         // Restating what reads show, system labels and annotations included, is no change.
-        assert!(plan(&r, &c, &c, None, now()).unwrap().is_noop());
+        assert!(plan(&r, &c, &c, &[], now()).unwrap().is_noop());
         // Removing a system label or annotation is ignored: reads show them again.
         let p = plan_of(
             &r,
@@ -583,7 +584,7 @@ mod tests {
             annotations: BTreeSet::new(),
         };
         let c = current(&r);
-        let p = plan(&r, &c, &c, Some(("kubectl", &owned)), now()).unwrap();
+        let p = plan(&r, &c, &c, &[("kubectl", &owned)], now()).unwrap();
         assert_eq!(p.set["k8s.managed/kubectl"], r#"{"labels":["app"]}"#);
         let mut mine = record();
         mine.metadata.insert(
@@ -592,12 +593,12 @@ mod tests {
         );
         let c = current(&mine);
         assert!(
-            plan(&mine, &c, &c, Some(("kubectl", &owned)), now())
+            plan(&mine, &c, &c, &[("kubectl", &owned)], now())
                 .unwrap()
                 .is_noop()
         );
         let none = Owned::default();
-        let p = plan(&mine, &c, &c, Some(("kubectl", &none)), now()).unwrap();
+        let p = plan(&mine, &c, &c, &[("kubectl", &none)], now()).unwrap();
         assert_eq!(p.remove, ["k8s.managed/kubectl"]);
     }
 

@@ -120,11 +120,11 @@ async fn update_to(
     r: SandboxRecord,
     current: Value,
     updated: Value,
-    owner: Option<(&str, &stored::Owned)>,
+    owners: &[(&str, &stored::Owned)],
     validation: Option<&str>,
 ) -> KubeResult<HttpResponse> {
     let mut warnings = field_warnings(&current, &updated, validation)?;
-    let plan = update::plan(&r, &current, &updated, owner, Utc::now())?;
+    let plan = update::plan(&r, &current, &updated, owners, Utc::now())?;
     if plan.is_noop() {
         return Ok(reply(StatusCode::OK, &current, &warnings));
     }
@@ -209,13 +209,26 @@ pub async fn patch(
     match (applied, manager) {
         (Some(applied), Some(manager)) => {
             let before = stored::owned(&r, manager);
+            let others: Vec<(String, stored::Owned)> = stored::managers(&r)
+                .into_iter()
+                .filter(|(m, _)| m != manager)
+                .collect();
+            let clashes = patch::conflicts(&current, &applied, &others);
+            // As the API server: another applier's fields are taken only with force=true,
+            // which moves their ownership to this manager.
+            let taken = match param(&q, "force") {
+                Some("true") => patch::forced(&applied, &others),
+                _ if clashes.is_empty() => Vec::new(),
+                _ => return Err(KubeError::apply_conflicts(&name, &clashes)),
+            };
             let (updated, owned) = patch::server_side_apply(&current, &applied, &before)?;
-            let owner = Some((manager, &owned));
-            update_to(&facade, &ns, r, current, updated, owner, validation).await
+            let mut owners: Vec<(&str, &stored::Owned)> = vec![(manager, &owned)];
+            owners.extend(taken.iter().map(|(m, o)| (m.as_str(), o)));
+            update_to(&facade, &ns, r, current, updated, &owners, validation).await
         }
         _ => {
             let updated = patch::apply(kind, &current, &body)?;
-            update_to(&facade, &ns, r, current, updated, None, validation).await
+            update_to(&facade, &ns, r, current, updated, &[], validation).await
         }
     }
 }
@@ -283,7 +296,7 @@ pub async fn replace(
         r,
         current,
         updated,
-        None,
+        &[],
         param(&q, "fieldValidation"),
     )
     .await
