@@ -271,6 +271,50 @@ async fn kubectl_patches_applies_edits_and_replaces() {
             .is_none()
     );
 
+    // Created Suspended: paused before the create answers; Running resumes it.
+    let asleep = manifest("asleep", &[("app", "nap")], &at(TimeDelta::minutes(10))).replacen(
+        "spec:\n",
+        "spec:\n  operatingMode: Suspended\n",
+        1,
+    );
+    let out = k.ok(&["create", "-f", "-"], Some(&asleep));
+    assert!(out.contains("asleep created"), "{out}");
+    let o = k.json(&["sandbox", "asleep"]);
+    assert_eq!(
+        o["metadata"]["labels"]["sandbox.cocoonstack.io/phase"], "Paused",
+        "{o}"
+    );
+    assert!(
+        k.ok(&["get", "sandbox", "asleep"], None)
+            .contains("SandboxSuspended")
+    );
+    k.ok(
+        &[
+            "patch",
+            "sandbox",
+            "asleep",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"operatingMode":"Running"}}"#,
+        ],
+        None,
+    );
+    assert_eq!(
+        k.json(&["sandbox", "asleep"])["metadata"]["labels"]["sandbox.cocoonstack.io/phase"],
+        "Running"
+    );
+    let err = k.fails(
+        &["create", "-f", "-"],
+        Some(
+            &asleep
+                .replace("asleep", "dozing")
+                .replace("Suspended", "Asleep"),
+        ),
+    );
+    assert!(err.contains("spec.operatingMode"), "{err}");
+    k.ok(&["delete", "sandbox", "asleep"], None);
+
     // operatingMode pauses and resumes.
     let suspend = r#"{"spec":{"operatingMode":"Suspended"}}"#;
     let out = k.ok(
@@ -292,22 +336,19 @@ async fn kubectl_patches_applies_edits_and_replaces() {
         out.contains("no change"),
         "repeating it changes nothing: {out}"
     );
+    // Resuming and renewing in one patch: the resume comes first (a paused lease cannot be
+    // renewed).
+    let later = at(TimeDelta::minutes(20));
+    let wake = format!(r#"{{"spec":{{"operatingMode":"Running","shutdownTime":"{later}"}}}}"#);
     k.ok(
-        &[
-            "patch",
-            "sandbox",
-            "demo",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"operatingMode":"Running"}}"#,
-        ],
+        &["patch", "sandbox", "demo", "--type", "merge", "-p", &wake],
         None,
     );
     assert!(
         k.ok(&["get", "sandbox", "demo"], None)
             .contains("DependenciesReady")
     );
+    assert!(near(deadline(&k.json(&["sandbox", "demo"])), &later, 2));
 
     // JSON patch, and kubectl's default strategic merge patch.
     k.ok(

@@ -22,6 +22,8 @@ pub struct Checked {
     pub claim: ClaimRequest,
     /// Unknown fields, for a `Warn` field validation.
     pub warnings: Vec<String>,
+    /// `spec.operatingMode: Suspended`: paused as soon as it is claimed.
+    pub suspended: bool,
 }
 
 const GENERATED_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -268,6 +270,19 @@ pub fn check(body: &[u8], namespace: &str, validation: Option<&str>) -> KubeResu
     }
     serde_json::from_value::<SandboxSpec>(spec_value.clone())
         .map_err(|e| KubeError::bad_request(format!("spec: {e}")))?;
+    let suspended = match spec_value.get("operatingMode").and_then(Value::as_str) {
+        None | Some("Running") => false,
+        Some("Suspended") => true,
+        Some(other) => {
+            return Err(KubeError::invalid(
+                &name,
+                "spec.operatingMode",
+                &format!(
+                    "Unsupported value: {other:?}: supported values: \"Running\", \"Suspended\""
+                ),
+            ));
+        }
+    };
     let container = spec_value["podTemplate"]["spec"]["containers"]
         .get(0)
         .cloned()
@@ -330,6 +345,7 @@ pub fn check(body: &[u8], namespace: &str, validation: Option<&str>) -> KubeResu
         name,
         object,
         warnings,
+        suspended,
     })
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use actix_web::http::{StatusCode, header};
+use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -287,14 +287,7 @@ pub async fn create(
         )));
     }
     let checked = create::check(&body, &ns, param(&q, "fieldValidation"))?;
-    let claimed = facade.dispatcher.claim(checked.claim).await?;
-    let rv = facade.revision_of(&claimed.record.id);
-    let object = create::reply(checked.object, &claimed, &ns, rv);
-    Ok(super::writes::reply(
-        StatusCode::CREATED,
-        &object,
-        &checked.warnings,
-    ))
+    super::writes::create_checked(&facade, &ns, checked).await
 }
 
 pub async fn delete(

@@ -40,6 +40,10 @@ impl Facade {
         plan: Plan,
     ) -> KubeResult<(SandboxRecord, Vec<String>)> {
         let mut warnings = Vec::new();
+        // A paused sandbox has no running lease to renew: resume before renewing, pause after.
+        if plan.pause == Some(false) {
+            r = self.dispatcher.set_paused(Some(ns), &r.id, false).await?.0;
+        }
         if let Some(renew) = &plan.renew {
             // The client named the end itself, so a shorter lease is what it asked for.
             let (deadline, _) = self
@@ -57,8 +61,8 @@ impl Facade {
                 ));
             }
         }
-        if let Some(pause) = plan.pause {
-            r = self.dispatcher.set_paused(Some(ns), &r.id, pause).await?.0;
+        if plan.pause == Some(true) {
+            r = self.dispatcher.set_paused(Some(ns), &r.id, true).await?.0;
         }
         if !plan.set.is_empty() || !plan.remove.is_empty() {
             r = self
@@ -262,7 +266,33 @@ async fn apply_create(
         checked.claim.metadata.insert(k, v);
         update::check_size(name, &checked.claim.metadata)?;
     }
-    let claimed = facade.dispatcher.claim(checked.claim).await?;
+    create_checked(facade, ns, checked).await
+}
+
+/// Claims a checked create and answers 201 with the object. A sandbox created `Suspended` is
+/// paused before the answer; one that cannot be is released, so a failed create leaves
+/// nothing behind.
+pub(super) async fn create_checked(
+    facade: &Facade,
+    ns: &str,
+    checked: create::Checked,
+) -> KubeResult<HttpResponse> {
+    let mut claimed = facade.dispatcher.claim(checked.claim).await?;
+    if checked.suspended {
+        let id = claimed.record.id.clone();
+        match facade.dispatcher.set_paused(Some(ns), &id, true).await {
+            Ok((paused, _)) => {
+                let token = std::mem::take(&mut claimed.record.token);
+                claimed.record = SandboxRecord { token, ..paused };
+            }
+            Err(e) => {
+                if let Err(gone) = facade.dispatcher.release(Some(ns), &id).await {
+                    tracing::warn!(id, error = %gone, "releasing a sandbox whose create failed");
+                }
+                return Err(e.into());
+            }
+        }
+    }
     let rv = facade.revision_of(&claimed.record.id);
     let object = create::reply(checked.object, &claimed, ns, rv);
     Ok(reply(StatusCode::CREATED, &object, &checked.warnings))
