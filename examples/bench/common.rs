@@ -185,6 +185,11 @@ pub struct Daemon {
     /// What it printed before it was listening.
     pub lines: Vec<String>,
     pub dir: tempfile::TempDir,
+    /// How it was started (for `restart`, which the soak driver uses).
+    #[allow(dead_code)]
+    args: Vec<std::ffi::OsString>,
+    #[allow(dead_code)]
+    listeners: usize,
 }
 
 /// Starts a node with a warm pool of `pools` (TEMPLATE[/NET[/SIZE]]=COUNT each).
@@ -204,6 +209,28 @@ impl Daemon {
         let mut args = args(dir.path())?;
         args.push("--templates-dir".into());
         args.push(templates_dir()?.into());
+        Self::spawn(dir, listeners, args)
+    }
+
+    /// SIGKILL, as a crash would, and waits for the process to be gone.
+    #[allow(dead_code)]
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the same command again on the same directory (after `kill`, or a stop).
+    #[allow(dead_code)]
+    pub fn restart(&mut self) -> Res<()> {
+        self.kill();
+        // The directory moves to the new process; the old value keeps a throwaway one.
+        let dir = std::mem::replace(&mut self.dir, tempfile::Builder::new().tempdir()?);
+        let fresh = Self::spawn(dir, self.listeners, self.args.clone())?;
+        drop(std::mem::replace(self, fresh));
+        Ok(())
+    }
+
+    fn spawn(dir: tempfile::TempDir, listeners: usize, args: Vec<std::ffi::OsString>) -> Res<Self> {
         let mut child = Command::new(node_binary()?)
             .args(&args)
             // The claim benches release sandboxes at once, often before the node has given
@@ -246,6 +273,8 @@ impl Daemon {
             kube_address: addresses.get(1).cloned(),
             lines: seen,
             dir,
+            args,
+            listeners,
         })
     }
 
@@ -268,10 +297,15 @@ impl Daemon {
         Self::start(1, |dir| {
             let token_file = dir.join("token");
             std::fs::write(&token_file, spec.token)?;
-            let mut args: Vec<std::ffi::OsString> = vec![
-                "node".into(),
-                "--listen".into(),
-                "127.0.0.1:0".into(),
+            // A fixed port may come in `extra` (a node that is restarted keeps its address).
+            let listen = if spec.extra.iter().any(|a| a == "--listen") {
+                Vec::new()
+            } else {
+                vec!["--listen".into(), "127.0.0.1:0".into()]
+            };
+            let mut args: Vec<std::ffi::OsString> = vec!["node".into()];
+            args.extend(listen);
+            args.extend::<Vec<std::ffi::OsString>>(vec![
                 // Any free port: "the gRPC port + 1" may be taken.
                 "--data-listen".into(),
                 "127.0.0.1:0".into(),
@@ -283,7 +317,7 @@ impl Daemon {
                 dir.join("node").into(),
                 "--token-file".into(),
                 token_file.into(),
-            ];
+            ]);
             for p in spec.pools {
                 args.push("--pool".into());
                 args.push(p.into());

@@ -1,0 +1,234 @@
+//! Churn: create, use and kill sandboxes in cycles at a fixed concurrency, alternating the two
+//! gateway replicas and the two surfaces (an e2b cycle creates, runs a command through the
+//! data plane and kills; a Kubernetes cycle creates, reads and deletes), while the fleet's
+//! memory is sampled against the cycles done.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::common::{Res, Summary, summarize};
+use crate::envd::{Envd, Via};
+use crate::fleet::{Fleet, Footprint, rss_kib};
+
+pub struct ChurnRun {
+    pub cycles: usize,
+    pub concurrency: usize,
+    pub took: Duration,
+    pub latency: Summary,
+    /// Failed cycles by what the client saw.
+    pub errors: BTreeMap<String, usize>,
+    pub before: Footprint,
+    pub after: Footprint,
+    /// Per process: RSS at the start and the end (KiB), and the fitted slope in KiB per
+    /// 1000 cycles over the run's second half.
+    pub memory: Vec<(String, u64, u64, f64)>,
+}
+
+const KUBE: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes";
+
+async fn e2b_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
+    let url = &fleet.gateways[gw].address;
+    let created = crate::create_e2b(&fleet.http, url).await?;
+    let outcome = async {
+        let mut envd = Envd::new(Via::Gateway {
+            addr: url.trim_start_matches("http://").to_string(),
+            id: created.0.clone(),
+            token: created.1.clone(),
+        });
+        let ran = envd.run(&format!("echo {i}")).await?;
+        if ran.exit_code != 0 || ran.stdout != format!("{i}\n").as_bytes() {
+            return Err(format!(
+                "command answered {} {:?}",
+                ran.exit_code,
+                String::from_utf8_lossy(&ran.stdout)
+            )
+            .into());
+        }
+        Res::Ok(())
+    }
+    .await;
+    let killed = fleet
+        .http
+        .delete(format!("{url}/sandboxes/{}", created.0))
+        .header("X-API-KEY", "e2b_soak")
+        .send()
+        .await?;
+    outcome?;
+    if killed.status() != 204 {
+        return Err(format!("kill answered {}", killed.status()).into());
+    }
+    Ok(())
+}
+
+async fn kube_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
+    let base = fleet.gateways[gw]
+        .kube_address
+        .clone()
+        .ok_or("no Kubernetes listener")?;
+    let https = &fleet.https[gw];
+    let name = format!("soak-{i}");
+    let body = serde_json::json!({"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        "metadata": {"name": name, "annotations": {"sandbox.cocoonstack.io/net": "egress"}},
+        "spec": {"podTemplate": {"spec": {"containers": [{"name": "main", "image": "base"}]}}}});
+    let r = https
+        .post(format!("{base}{KUBE}"))
+        .bearer_auth("e2b_soak")
+        .json(&body)
+        .send()
+        .await?;
+    if r.status() != 201 {
+        return Err(format!("kube create answered {}", r.status()).into());
+    }
+    let got = https
+        .get(format!("{base}{KUBE}/{name}"))
+        .bearer_auth("e2b_soak")
+        .send()
+        .await?;
+    let read = got.status();
+    let deleted = https
+        .delete(format!("{base}{KUBE}/{name}"))
+        .bearer_auth("e2b_soak")
+        .send()
+        .await?;
+    if read != 200 {
+        return Err(format!("kube get answered {read}").into());
+    }
+    if deleted.status() != 200 {
+        return Err(format!("kube delete answered {}", deleted.status()).into());
+    }
+    Ok(())
+}
+
+/// A short label for an error, so that counts group.
+fn kind(e: &str) -> String {
+    e.chars()
+        .take_while(|c| *c != ':')
+        .take(60)
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
+
+/// Least-squares slope of `y` over `x`, scaled to per-1000 `x`.
+pub fn slope_per_1000(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if n < 2.0 {
+        return 0.0;
+    }
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (num, den) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
+        (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
+    });
+    if den == 0.0 { 0.0 } else { num / den * 1000.0 }
+}
+
+pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<ChurnRun> {
+    let before = fleet.footprint();
+    let procs = fleet.processes();
+    let start_rss: Vec<u64> = procs.iter().map(|(_, p)| rss_kib(*p)).collect();
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let sampler = {
+        let (done, procs) = (done.clone(), procs.clone());
+        tokio::spawn(async move {
+            let mut samples: Vec<(usize, Vec<u64>)> = Vec::new();
+            loop {
+                let d = done.load(Ordering::Relaxed);
+                samples.push((d, procs.iter().map(|(_, p)| rss_kib(*p)).collect()));
+                if d >= cycles {
+                    return samples;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (fleet, next, done) = (fleet.clone(), next.clone(), done.clone());
+        workers.spawn(async move {
+            let mut latency = Vec::new();
+            let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= cycles {
+                    return (latency, errors);
+                }
+                let gw = i % crate::fleet::GATEWAYS;
+                let t = Instant::now();
+                // Alternate surfaces on every other pair, so both gateways serve both.
+                let outcome = if (i / 2) % 2 == 0 {
+                    e2b_cycle(&fleet, gw, i).await
+                } else {
+                    kube_cycle(&fleet, gw, i).await
+                };
+                latency.push(t.elapsed());
+                if let Err(e) = outcome {
+                    *errors.entry(kind(&e.to_string())).or_default() += 1;
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let mut latency = Vec::new();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    while let Some(w) = workers.join_next().await {
+        let (l, e) = w?;
+        latency.extend(l);
+        for (k, n) in e {
+            *errors.entry(k).or_default() += n;
+        }
+    }
+    let took = started.elapsed();
+    let samples = sampler.await?;
+    fleet.settle(Duration::from_secs(120)).await?;
+    // Give the processes a moment to close what the last requests opened.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = fleet.footprint();
+    let half = cycles / 2;
+    let memory = procs
+        .iter()
+        .enumerate()
+        .map(|(j, (label, pid))| {
+            let points: Vec<(f64, f64)> = samples
+                .iter()
+                .filter(|(d, _)| *d >= half)
+                .map(|(d, rss)| (*d as f64, rss[j] as f64))
+                .collect();
+            (
+                label.clone(),
+                start_rss[j],
+                rss_kib(*pid),
+                slope_per_1000(&points),
+            )
+        })
+        .collect();
+    Ok(ChurnRun {
+        cycles,
+        concurrency,
+        took,
+        latency: summarize(latency),
+        errors,
+        before,
+        after,
+        memory,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slopes_fit_a_line() {
+        let flat: Vec<(f64, f64)> = (0..10).map(|i| (i as f64 * 100.0, 50.0)).collect();
+        assert_eq!(slope_per_1000(&flat), 0.0);
+        let rising: Vec<(f64, f64)> = (0..10).map(|i| (i as f64 * 100.0, i as f64)).collect();
+        assert!((slope_per_1000(&rising) - 10.0).abs() < 1e-9);
+    }
+}

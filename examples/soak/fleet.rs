@@ -1,0 +1,203 @@
+//! The soak's fleet: three node processes and two gateway replicas in front of all of them,
+//! and what is measured of them (memory, descriptors, what they leave behind).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sandbox_gateway::model::ids;
+
+use crate::common::{Daemon, NodeSpec, Res, free_port};
+
+pub const NODES: usize = 3;
+pub const GATEWAYS: usize = 2;
+/// Warm `base/egress` sandboxes per node.
+pub const POOL: u32 = 4;
+
+pub struct Fleet {
+    pub nodes: Vec<Daemon>,
+    pub gateways: Vec<Daemon>,
+    pub http: reqwest::Client,
+    /// Trusts the gateways' Kubernetes listeners (each has its own CA).
+    pub https: Vec<reqwest::Client>,
+}
+
+impl Fleet {
+    pub async fn start() -> Res<Fleet> {
+        let token = ids::random_hex(16);
+        let nodes: Vec<Daemon> = (0..NODES)
+            .map(|i| {
+                // A fixed port, so that a restarted node is where the gateways look for it.
+                let listen = format!("127.0.0.1:{}", free_port()?);
+                Daemon::node_with(&NodeSpec {
+                    token: &token,
+                    name: &format!("soak{i}"),
+                    pools: &[format!("base/egress={POOL}")],
+                    extra: &["--listen".into(), listen],
+                })
+            })
+            .collect::<Res<_>>()?;
+        let gateways = (0..GATEWAYS)
+            .map(|_| Self::gateway(&nodes))
+            .collect::<Res<Vec<_>>>()?;
+        let mut https = Vec::new();
+        for g in &gateways {
+            let ca = std::fs::read_to_string(g.dir.path().join("tls/ca.crt"))?;
+            https.push(
+                reqwest::Client::builder()
+                    .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes())?)
+                    .build()?,
+            );
+        }
+        let fleet = Fleet {
+            nodes,
+            gateways,
+            http: reqwest::Client::new(),
+            https,
+        };
+        fleet.settle(Duration::from_secs(60)).await?;
+        Ok(fleet)
+    }
+
+    /// A gateway replica in front of every node.
+    pub fn gateway(nodes: &[Daemon]) -> Res<Daemon> {
+        let token_file = nodes[0].dir.path().join("token");
+        // Replicas share the secret that signs envd tokens, as a deployment's do.
+        let secret = nodes[0].dir.path().join("envd-secret");
+        if !secret.exists() {
+            std::fs::write(&secret, ids::random_hex(32))?;
+        }
+        let mut extra = vec![
+            "--node-token-file".to_string(),
+            token_file.display().to_string(),
+            "--envd-secret-file".to_string(),
+            secret.display().to_string(),
+        ];
+        for d in nodes {
+            extra.push("--node".into());
+            extra.push(d.address.clone());
+        }
+        Daemon::gateway_with(&[], &extra)
+    }
+
+    pub fn node_root(d: &Daemon) -> PathBuf {
+        d.dir.path().join("node")
+    }
+
+    /// Waits until no sandbox is claimed and every warm pool is full again.
+    pub async fn settle(&self, within: Duration) -> Res<()> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let claimed = self.claimed().await?;
+            let warm: usize = self
+                .nodes
+                .iter()
+                .map(|n| instance_dirs(&Self::node_root(n)))
+                .sum();
+            if claimed == 0 && warm == NODES * POOL as usize {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "the fleet did not settle: {claimed} claimed, {warm} instance directories"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Sandboxes the first gateway lists (running and paused).
+    pub async fn claimed(&self) -> Res<usize> {
+        let r = self
+            .http
+            .get(format!(
+                "{}/v2/sandboxes?state=running,paused&limit=100",
+                self.gateways[0].address
+            ))
+            .header("X-API-KEY", "e2b_soak")
+            .send()
+            .await?;
+        let body: serde_json::Value = r.json().await?;
+        Ok(body.as_array().map_or(0, Vec::len))
+    }
+
+    /// Every process of the fleet, labelled.
+    pub fn processes(&self) -> Vec<(String, i32)> {
+        let mut out = Vec::new();
+        for (i, g) in self.gateways.iter().enumerate() {
+            out.push((format!("gateway {i}"), g.pid()));
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            out.push((format!("node {i}"), n.pid()));
+        }
+        out
+    }
+
+    /// What the fleet leaves on the machine beyond its warm pools, for the leak check.
+    pub fn footprint(&self) -> Footprint {
+        let roots: Vec<PathBuf> = self.nodes.iter().map(Self::node_root).collect();
+        Footprint {
+            instance_dirs: roots.iter().map(|r| instance_dirs(r)).sum(),
+            sandbox_processes: roots
+                .iter()
+                .map(|r| crate::common::sandbox_processes(r).len())
+                .sum(),
+            mounts: roots.iter().map(|r| mounts_under(r)).sum(),
+            loop_devices: roots.iter().map(|r| loops_under(r)).sum(),
+            checkpoints: roots
+                .iter()
+                .map(|r| dir_count(&r.join("checkpoints")))
+                .sum(),
+            fds: self.processes().iter().map(|(_, p)| fds(*p)).sum(),
+        }
+    }
+}
+
+/// Counts of what a fleet holds; compared before and after a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    pub instance_dirs: usize,
+    pub sandbox_processes: usize,
+    pub mounts: usize,
+    pub loop_devices: usize,
+    pub checkpoints: usize,
+    pub fds: usize,
+}
+
+fn dir_count(d: &Path) -> usize {
+    std::fs::read_dir(d).map_or(0, |r| r.count())
+}
+
+fn instance_dirs(root: &Path) -> usize {
+    dir_count(&root.join("sandboxes"))
+}
+
+fn mounts_under(root: &Path) -> usize {
+    let prefix = root.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| t.lines().filter(|l| l.contains(&prefix)).count())
+        .unwrap_or(0)
+}
+
+fn loops_under(root: &Path) -> usize {
+    let prefix = root.display().to_string();
+    std::fs::read_dir("/sys/block")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("loop/backing_file"))
+                        .is_ok_and(|b| b.starts_with(&prefix))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+pub fn fds(pid: i32) -> usize {
+    dir_count(Path::new(&format!("/proc/{pid}/fd")))
+}
+
+/// Resident memory of `pid` in KiB.
+pub fn rss_kib(pid: i32) -> u64 {
+    crate::common::rss_pss(pid).0 / 1024
+}
