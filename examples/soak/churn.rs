@@ -103,12 +103,14 @@ async fn kube_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
 
 /// A short label for an error, so that counts group.
 fn kind(e: &str) -> String {
-    e.chars()
-        .take_while(|c| *c != ':')
-        .take(60)
-        .collect::<String>()
-        .trim()
-        .to_string()
+    // Ids would make every error its own group: cut them out.
+    e.split_whitespace()
+        .filter(|w| !w.contains("sb-") && !w.contains("sb_") && !w.contains("in_"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(200)
+        .collect()
 }
 
 /// Least-squares slope of `y` over `x`, scaled to per-1000 `x`.

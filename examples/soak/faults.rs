@@ -152,14 +152,21 @@ async fn node_killed_during_claims(fleet: &mut Fleet) -> Res<Case> {
         crate::common::sandbox_processes(&root).is_empty()
     })
     .await;
+    // Clean-up: the killed node's sandboxes are gone (404); a busy node gets a second try.
     for c in &created {
-        let _ = status(
-            fleet,
-            0,
-            reqwest::Method::DELETE,
-            &format!("/sandboxes/{}", c.0),
-        )
-        .await;
+        for _ in 0..3 {
+            let (code, _) = status(
+                fleet,
+                0,
+                reqwest::Method::DELETE,
+                &format!("/sandboxes/{}", c.0),
+            )
+            .await?;
+            if code == 204 || code == 404 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
     fleet.nodes[2].restart()?;
     Ok(Case {

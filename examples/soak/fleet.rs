@@ -87,18 +87,24 @@ impl Fleet {
     pub async fn settle(&self, within: Duration) -> Res<()> {
         let deadline = std::time::Instant::now() + within;
         loop {
-            let claimed = self.claimed().await?;
+            let listed = self.claimed().await?;
+            let claimed = listed.len();
             let warm: usize = self
                 .nodes
                 .iter()
                 .map(|n| instance_dirs(&Self::node_root(n)))
                 .sum();
-            if claimed == 0 && warm == NODES * POOL as usize {
+            let running: usize = self
+                .nodes
+                .iter()
+                .map(|n| crate::common::sandbox_processes(&Self::node_root(n)).len())
+                .sum();
+            if claimed == 0 && warm == NODES * POOL as usize && running == warm {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
                 return Err(format!(
-                    "the fleet did not settle: {claimed} claimed, {warm} instance directories"
+                    "the fleet did not settle: {claimed} claimed ({listed:?}), {warm} instance directories"
                 )
                 .into());
             }
@@ -106,8 +112,8 @@ impl Fleet {
         }
     }
 
-    /// Sandboxes the first gateway lists (running and paused).
-    pub async fn claimed(&self) -> Res<usize> {
+    /// Sandboxes the first gateway lists (running and paused): id, node, state.
+    pub async fn claimed(&self) -> Res<Vec<(String, String, String)>> {
         let r = self
             .http
             .get(format!(
@@ -118,7 +124,21 @@ impl Fleet {
             .send()
             .await?;
         let body: serde_json::Value = r.json().await?;
-        Ok(body.as_array().map_or(0, Vec::len))
+        let field = |s: &serde_json::Value, k: &str| s[k].as_str().unwrap_or_default().to_string();
+        Ok(body
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| {
+                        (
+                            field(s, "sandboxID"),
+                            field(s, "clientID"),
+                            field(s, "state"),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// Every process of the fleet, labelled.
