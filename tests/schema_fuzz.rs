@@ -1,7 +1,7 @@
 //! Hostile input over the wire: schemathesis (pinned in tests/e2b/setup.sh) generates requests
-//! from `openapi/e2b.json` and from the OpenAPI v2 document the facade serves, sends them to
+//! from `openapi/e2b.json` and from the OpenAPI v3 and v2 documents the facade serves, sends them to
 //! the real gateway binary, and fails on any 5xx (`not_a_server_error`). Bounded for CI:
-//! `SCHEMA_FUZZ_SECONDS` (default 60 per document) and `SCHEMA_FUZZ_EXAMPLES` (default 20 per
+//! `SCHEMA_FUZZ_SECONDS` (default 40 per document, three documents) and `SCHEMA_FUZZ_EXAMPLES` (default 20 per
 //! operation) make it longer. The figures lines are what tests/fuzz/report.sh collects.
 
 mod common;
@@ -30,11 +30,13 @@ struct Run {
 /// `schemathesis run` of `schema` against `url` with `extra` options; the run's own summary
 /// is printed as it is, followed by one `fuzz-figure` line.
 fn schemathesis(name: &str, schema: &Path, url: &str, extra: &[&str], report: &Path) -> Run {
-    let seconds = env_number("SCHEMA_FUZZ_SECONDS", 60).to_string();
+    let seconds = env_number("SCHEMA_FUZZ_SECONDS", 40).to_string();
     let examples = env_number("SCHEMA_FUZZ_EXAMPLES", 20).to_string();
     let bin = sdk_dir().join("py-schemathesis/bin/schemathesis");
     let started = Instant::now();
     let out = Command::new(&bin)
+        .arg("--config-file")
+        .arg(repo().join("tests/fuzz/schemathesis.toml"))
         .arg("run")
         .arg(schema)
         .args(["--url", url])
@@ -60,12 +62,14 @@ fn schemathesis(name: &str, schema: &Path, url: &str, extra: &[&str], report: &P
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{output}");
-    // The summary line, e.g. "Test cases: 1234 generated, 1234 passed in 58.1s".
-    let cases = output
-        .lines()
-        .find(|l| l.trim_start().starts_with("Test cases:"))
-        .map(|l| l.trim().to_string())
-        .unwrap_or_default();
+    // The summary, e.g. "Test cases:" and then "2862 generated, 2862 passed".
+    let mut lines = output.lines().map(str::trim);
+    let cases = lines
+        .by_ref()
+        .find(|l| l.starts_with("Test cases:"))
+        .and_then(|_| lines.find(|l| !l.is_empty()))
+        .unwrap_or_default()
+        .to_string();
     println!(
         "fuzz-figure target=schemathesis/{name} secs={:.1} summary={cases:?} exit={}",
         started.elapsed().as_secs_f64(),
@@ -85,49 +89,50 @@ async fn no_server_errors_for_generated_requests() {
     let report = tmp.path().join("schemathesis");
     std::fs::create_dir_all(&report).unwrap();
 
-    let e2b = schemathesis(
+    let mut runs = vec![(
         "e2b",
-        &repo().join("openapi/e2b.json"),
-        &gw.e2b_url,
-        &["--header", &format!("X-API-KEY: {KEY_TEAM_A}")],
-        &report,
-    );
+        schemathesis(
+            "e2b",
+            &repo().join("openapi/e2b.json"),
+            &gw.e2b_url,
+            &["--header", &format!("X-API-KEY: {KEY_TEAM_A}")],
+            &report,
+        ),
+    )];
 
-    // The facade's own document, as kubectl and client generators fetch it.
-    let doc = gw
-        .http()
-        .get(format!("{}/openapi/v2", gw.kube_url))
-        .bearer_auth(KEY_ADMIN)
-        .send()
-        .await
-        .expect("GET /openapi/v2")
-        .text()
-        .await
-        .expect("openapi v2 body");
-    let facade_doc = tmp.path().join("facade-openapi-v2.json");
-    std::fs::write(&facade_doc, doc).unwrap();
+    // The facade's own documents, as kubectl and client generators fetch them: v3 carries
+    // the schemas and every list parameter, v2 is what kube-apiserver merges.
     let ca = gw.dir.join("tls/ca.crt");
-    let facade = schemathesis(
-        "facade",
-        &facade_doc,
-        &gw.kube_url,
-        &[
-            "--header",
-            &format!("Authorization: Bearer {KEY_ADMIN}"),
-            "--tls-verify",
-            &ca.display().to_string(),
-        ],
-        &report,
-    );
+    let facade_args = [
+        "--header".to_string(),
+        format!("Authorization: Bearer {KEY_ADMIN}"),
+        "--tls-verify".to_string(),
+        ca.display().to_string(),
+    ];
+    let facade_args: Vec<&str> = facade_args.iter().map(String::as_str).collect();
+    for (name, path) in [
+        ("facade-v3", "/openapi/v3/apis/agents.x-k8s.io/v1beta1"),
+        ("facade-v2", "/openapi/v2"),
+    ] {
+        let doc = gw
+            .http()
+            .get(format!("{}{path}", gw.kube_url))
+            .bearer_auth(KEY_ADMIN)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let file = tmp.path().join(format!("{name}.json"));
+        std::fs::write(&file, doc).unwrap();
+        runs.push((
+            name,
+            schemathesis(name, &file, &gw.kube_url, &facade_args, &report),
+        ));
+    }
 
-    assert!(
-        e2b.ok,
-        "schemathesis found server errors on the e2b API:\n{}",
-        e2b.output
-    );
-    assert!(
-        facade.ok,
-        "schemathesis found server errors on the Kubernetes facade:\n{}",
-        facade.output
-    );
+    for (name, run) in runs {
+        assert!(run.ok, "schemathesis failed on {name}:\n{}", run.output);
+    }
 }
