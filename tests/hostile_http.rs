@@ -8,7 +8,7 @@ mod common;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use common::kube_gateway::{GV, KEY_TEAM_A, KubeGateway};
-use common::workspace;
+use common::{assert_no_leaks, workspace};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
@@ -29,7 +29,7 @@ fn urlencode(s: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_mistakes_are_client_errors() {
     let (tmp, _) = workspace();
-    let gw = KubeGateway::start(tmp.path(), &[]);
+    let mut gw = KubeGateway::start(tmp.path(), &[]);
     let http = reqwest::Client::new();
 
     // schemathesis: TRACE and PUT on a template path were answered 501 "not supported" (a
@@ -183,4 +183,6 @@ async fn client_mistakes_are_client_errors() {
             .send()
             .await;
     }
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.sandboxes_dir()]).await;
 }

@@ -1,8 +1,10 @@
 //! Hostile input over the wire: schemathesis (pinned in tests/e2b/setup.sh) generates requests
-//! from `openapi/e2b.json` and from the OpenAPI v3 and v2 documents the facade serves, sends them to
-//! the real gateway binary, and fails on any 5xx (`not_a_server_error`). Bounded for CI:
-//! `SCHEMA_FUZZ_SECONDS` (default 40 per document, three documents) and `SCHEMA_FUZZ_EXAMPLES` (default 20 per
-//! operation) make it longer. The figures lines are what tests/fuzz/report.sh collects.
+//! from `openapi/e2b.json` and from the OpenAPI v3 and v2 documents the facade serves, sends
+//! them to the real gateway binary, and fails on any 5xx (`not_a_server_error`; the one
+//! expected 501 is in tests/fuzz/schemathesis.toml). Bounded for CI: `SCHEMA_FUZZ_SECONDS`
+//! (default 40 per document, three documents) and `SCHEMA_FUZZ_EXAMPLES` (default 20 per
+//! operation) make it longer, `SCHEMA_FUZZ_SEED` replays a run. The `fuzz-figure` lines are
+//! what tests/fuzz/report.sh collects.
 
 mod common;
 
@@ -11,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::kube_gateway::{KEY_ADMIN, KEY_TEAM_A, KubeGateway};
-use common::{ensure_sdks, repo, sdk_dir, workspace};
+use common::{assert_no_leaks, ensure_sdks, repo, sdk_dir, workspace};
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -32,6 +34,10 @@ struct Run {
 fn schemathesis(name: &str, schema: &Path, url: &str, extra: &[&str], report: &Path) -> Run {
     let seconds = env_number("SCHEMA_FUZZ_SECONDS", 40).to_string();
     let examples = env_number("SCHEMA_FUZZ_EXAMPLES", 20).to_string();
+    // A failing run prints its seed; SCHEMA_FUZZ_SEED replays it.
+    let seed = std::env::var("SCHEMA_FUZZ_SEED")
+        .ok()
+        .filter(|s| !s.is_empty());
     let bin = sdk_dir().join("py-schemathesis/bin/schemathesis");
     let started = Instant::now();
     let out = Command::new(&bin)
@@ -50,6 +56,7 @@ fn schemathesis(name: &str, schema: &Path, url: &str, extra: &[&str], report: &P
         .args(["--report", "junit"])
         .arg("--report-dir")
         .arg(report)
+        .args(seed.iter().flat_map(|s| ["--seed", s.as_str()]))
         .args(extra)
         // Schemathesis writes its Hypothesis database into the working directory.
         .current_dir(report)
@@ -85,7 +92,7 @@ fn schemathesis(name: &str, schema: &Path, url: &str, extra: &[&str], report: &P
 async fn no_server_errors_for_generated_requests() {
     ensure_sdks();
     let (tmp, _) = workspace();
-    let gw = KubeGateway::start(tmp.path(), &[]);
+    let mut gw = KubeGateway::start(tmp.path(), &[]);
     let report = tmp.path().join("schemathesis");
     std::fs::create_dir_all(&report).unwrap();
 
@@ -135,4 +142,7 @@ async fn no_server_errors_for_generated_requests() {
     for (name, run) in runs {
         assert!(run.ok, "schemathesis failed on {name}:\n{}", run.output);
     }
+    // Whatever the generated requests created is gone with the gateway.
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.sandboxes_dir()]).await;
 }

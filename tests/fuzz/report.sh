@@ -14,8 +14,9 @@ export SCHEMA_FUZZ_SECONDS="${SCHEMA_FUZZ_SECONDS:-180}"
 export SCHEMA_FUZZ_EXAMPLES="${SCHEMA_FUZZ_EXAMPLES:-100}"
 
 bash tests/e2b/setup.sh
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+# Kept after the run, for the full output behind the figures.
+log=target/fuzz-report.log
+mkdir -p target
 
 status=0
 started=$(date +%s)
@@ -26,7 +27,7 @@ cargo test --locked --test schema_fuzz -- --nocapture >>"$log" 2>&1 || status=1
 schema_secs=$(($(date +%s) - started))
 if [[ $status -ne 0 ]]; then
     grep -E "panicked|FAILED|failed|Error" "$log" | head -40 >&2 || true
-    echo "report.sh: a fuzz target failed; RELIABILITY.md left unchanged (full log: rerun with --nocapture)" >&2
+    echo "report.sh: a fuzz target failed; RELIABILITY.md left unchanged (full output: $log)" >&2
     exit 1
 fi
 
@@ -38,11 +39,12 @@ figures="$(mktemp)"
     echo
     echo "| Target | Cases | Time (s) |"
     echo "|---|---:|---:|"
-    sed -n 's/^fuzz-figure target=\([^ ]*\) cases=\([0-9]*\) secs=\([0-9.]*\).*/| `\1` | \2 | \3 |/p' "$log"
+    # libtest may print a test's name on the same line, so the figure is matched anywhere.
+    sed -n 's/.*fuzz-figure target=\([^ ]*\) cases=\([0-9]*\) secs=\([0-9.]*\).*/| `\1` | \2 | \3 |/p' "$log"
     echo
     echo "| schemathesis run | Summary | Time (s) |"
     echo "|---|---|---:|"
-    sed -n 's/^fuzz-figure target=schemathesis\/\([^ ]*\) secs=\([0-9.]*\) summary="\(.*\)" exit=.*/| `\1` | \3 | \2 |/p' "$log"
+    sed -n 's/.*fuzz-figure target=schemathesis\/\([^ ]*\) secs=\([0-9.]*\) summary="\(.*\)" exit=.*/| `\1` | \3 | \2 |/p' "$log"
     echo
     echo "Wall time: properties ${parsers_secs} s, schemathesis ${schema_secs} s (each including cargo's build check and, for the HTTP suites, starting the gateway). Every property held and schemathesis saw no 5xx beyond the one documented exclusion."
     echo "<!-- hostile-input:figures:end -->"
