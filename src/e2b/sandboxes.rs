@@ -692,7 +692,9 @@ fn within(q: &[(String, String)], now: i64) -> ApiResult<bool> {
     let (start, end) = (bound("start")?, bound("end")?);
     // Clients round their bounds to whole seconds; a second of slack keeps a sample taken in
     // the same second as a bound.
-    Ok(start.is_none_or(|s| s <= now + 1) && end.is_none_or(|e| now <= e + 1))
+    // Saturating: any i64 is a valid bound to ask for (`end=9223372036854775807` overflowed).
+    Ok(start.is_none_or(|s| s <= now.saturating_add(1))
+        && end.is_none_or(|e| now <= e.saturating_add(1)))
 }
 
 #[utoipa::path(get, path = "/sandboxes/{sandboxID}/metrics", tag = "sandboxes",
@@ -767,6 +769,27 @@ pub async fn metrics_batch(
 /// Routes the SDKs know that this gateway does not serve: a clear JSON error, never a fake
 /// success.
 pub async fn not_supported(req: HttpRequest) -> ApiResult<HttpResponse> {
+    // A method the e2b API does not use on these paths (TRACE, or PUT on a template) is the
+    // client's mistake, not a missing feature: 405, as the routes this gateway serves answer
+    // (found by schemathesis). The template API uses GET, POST and PATCH only.
+    use actix_web::http::Method;
+    let methods: &[Method] = if req.path().starts_with("/templates/") {
+        &[Method::GET, Method::POST, Method::PATCH]
+    } else {
+        &[
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+        ]
+    };
+    if !methods.contains(req.method()) {
+        return Err(ApiError::new(
+            actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+            format!("{} is not a method of {}", req.method(), req.path()),
+        ));
+    }
     Err(ApiError::not_implemented(format!(
         "{} {} is not supported by this gateway",
         req.method(),
@@ -777,6 +800,22 @@ pub async fn not_supported(req: HttpRequest) -> ApiResult<HttpResponse> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by tests/schema_fuzz.rs: `end=i64::MAX` on the metrics route panicked.
+    #[test]
+    fn metric_bounds_may_be_any_integer() {
+        let q = |pairs: &[(&str, i64)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let now = 1_800_000_000;
+        assert!(within(&q(&[("start", i64::MIN), ("end", i64::MAX)]), now).unwrap_or(false));
+        assert!(!within(&q(&[("end", i64::MIN)]), now).unwrap_or(true));
+        assert!(!within(&q(&[("start", i64::MAX)]), now).unwrap_or(true));
+        assert!(within(&q(&[("start", now)]), i64::MAX).unwrap_or(false));
+    }
 
     #[test]
     fn unsupported_options_are_named() {

@@ -310,10 +310,12 @@ where
     let written = async {
         if let Some(chunk) = first {
             f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
-        }
-        while let Some(chunk) = data.next().await {
-            let chunk = chunk.map_err(Into::into)?;
-            f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+            // Only a stream that has not ended is polled again: the idle-limited body is an
+            // `unfold`, which panics when polled after its end (an empty upload did that).
+            while let Some(chunk) = data.next().await {
+                let chunk = chunk.map_err(Into::into)?;
+                f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+            }
         }
         f.flush().await.map_err(|e| write_error(&e))
     }

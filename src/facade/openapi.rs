@@ -314,15 +314,21 @@ pub fn v2() -> &'static Value {
         };
         let mut patch = op("patchNamespacedSandbox", "patch");
         patch["consumes"] = json!(CONTENT_TYPES);
+        // Swagger 2.0 wants every path template variable declared (schemathesis refused the
+        // document without them); in v2 form, with `type` beside the name.
+        let path_param = |name: &str| json!({"name": name, "in": "path", "required": true, "type": "string"});
+        let (ns, name) = (path_param("namespace"), path_param("name"));
         let collection = format!("/{GV_PATH}/namespaces/{{namespace}}/{}", types::PLURAL);
         json!({
             "swagger": "2.0",
             "info": {"title": "sandbox-gateway", "version": API_VERSION},
             "paths": {
                 format!("/{GV_PATH}/{}", types::PLURAL): {"get": op("listSandboxForAllNamespaces", "list")},
-                collection.clone(): {"get": op("listNamespacedSandbox", "list"),
+                collection.clone(): {"parameters": [ns],
+                                     "get": op("listNamespacedSandbox", "list"),
                                      "post": op("createNamespacedSandbox", "post")},
                 format!("{collection}/{{name}}"): {
+                    "parameters": [ns, name],
                     "get": op("readNamespacedSandbox", "get"),
                     "put": op("replaceNamespacedSandbox", "put"),
                     "patch": patch,
@@ -483,6 +489,37 @@ mod tests {
             CONTENT_TYPES.len()
         );
         assert_eq!(patch["x-kubernetes-group-version-kind"]["kind"], "Sandbox");
+    }
+
+    /// Found by tests/schema_fuzz.rs: schemathesis refused the v2 document, whose paths used
+    /// `{namespace}` and `{name}` without declaring them.
+    #[test]
+    fn every_path_variable_is_declared_in_both_documents() {
+        for (doc, paths) in [
+            (v2(), &v2()["paths"]),
+            (group_version(), &group_version()["paths"]),
+        ] {
+            let paths = paths
+                .as_object()
+                .unwrap_or_else(|| panic!("paths in {doc}"));
+            for (path, item) in paths {
+                let declared: Vec<&str> = item["parameters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| p["in"] == "path")
+                    .filter_map(|p| p["name"].as_str())
+                    .collect();
+                for var in path
+                    .split('{')
+                    .skip(1)
+                    .filter_map(|s| s.split_once('}'))
+                    .map(|(v, _)| v)
+                {
+                    assert!(declared.contains(&var), "{path}: {{{var}}} is not declared");
+                }
+            }
+        }
     }
 
     #[test]

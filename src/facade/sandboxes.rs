@@ -180,7 +180,8 @@ async fn list_or_watch(
     let end = if limit == 0 {
         total
     } else {
-        (offset + limit).min(total)
+        // A client may ask for any limit; `offset + usize::MAX` must not overflow.
+        offset.saturating_add(limit).min(total)
     };
     let next = (end < total).then(|| facade.remember(snapshot.clone(), end));
     let remaining = next.as_ref().map(|_| (total - end) as i64);

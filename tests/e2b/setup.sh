@@ -4,6 +4,8 @@
 #   $E2B_SDK_DIR/py-2.50.0   venv with e2b==2.50.0 and pytest (v1 create/connect routes)
 #   $E2B_SDK_DIR/py-kube     venv with kubernetes==37.0.2 and pytest (tests/kube/py, the
 #                            Kubernetes client against the sandboxes facade)
+#   $E2B_SDK_DIR/py-schemathesis  venv with schemathesis==4.32.5 (tests/schema_fuzz.rs, the
+#                            schema-driven HTTP fuzzer against both OpenAPI documents)
 #   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0)
 # Idempotent: work already done is skipped. Quiet on success; on failure the captured output
 # of the failing step is printed.
@@ -64,6 +66,7 @@ sys.exit(m.version('$package') != '$version')" >/dev/null 2>&1; then
 py_venv py-2.63.0 e2b 2.63.0
 py_venv py-2.50.0 e2b 2.50.0
 py_venv py-kube kubernetes 37.0.2
+py_venv py-schemathesis schemathesis 4.32.5
 
 # npm ci wipes and reinstalls node_modules; skip it while the installed tree still matches
 # the lock file (npm writes node_modules/.package-lock.json, a copy of what it installed).
