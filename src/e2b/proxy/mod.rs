@@ -153,6 +153,26 @@ fn answer(status: u16, sandbox: &str, message: &str) -> HttpResponse {
 }
 
 const NOT_FOUND: &str = "The sandbox was not found";
+
+/// A sandbox whose route could not be found: 502 as e2b answers for an unknown sandbox, but a
+/// node that is slow or unreachable is a 503 to retry (the sandbox may well exist), not a
+/// "not found" the client would act on.
+fn route_failure(e: &crate::model::Error, published: &str) -> HttpResponse {
+    match e.kind {
+        ErrorKind::NotFound => answer(502, published, NOT_FOUND),
+        ErrorKind::Unavailable | ErrorKind::OutcomeUnknown | ErrorKind::NoCapacity => {
+            let mut res = answer(
+                503,
+                published,
+                &format!("The sandbox's node is not answering; retry: {}", e.message),
+            );
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            res
+        }
+        _ => answer(502, published, &format!("{NOT_FOUND}: {}", e.message)),
+    }
+}
 const PORT_CLOSED: &str = "The sandbox is running but port is not open";
 
 impl Proxy {
@@ -326,16 +346,7 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
     };
     let route = match e2b.proxy.route(&e2b, &target.sandbox).await {
         Ok(r) => r,
-        Err(e) if e.kind == ErrorKind::NotFound => {
-            return answer(502, &target.published, NOT_FOUND);
-        }
-        Err(e) => {
-            return answer(
-                502,
-                &target.published,
-                &format!("{NOT_FOUND}: {}", e.message),
-            );
-        }
+        Err(e) => return route_failure(&e, &target.published),
     };
     let mut agent_token = None;
     if let Some(wanted) = route.traffic.as_deref().filter(|_| !target.is_envd()) {
@@ -462,4 +473,19 @@ async fn switch_protocols(
 /// The published id's claim id, for callers that only have what the SDK sent.
 pub fn claim_id(published: &str) -> Option<String> {
     ids::canonical_claim_id(published)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_node_is_a_retry_not_a_missing_sandbox() {
+        let slow = crate::model::Error::unavailable("node n did not answer get within 1s");
+        let r = route_failure(&slow, "sb-1");
+        assert_eq!(r.status().as_u16(), 503);
+        assert_eq!(r.headers().get(header::RETRY_AFTER).unwrap(), "1");
+        let gone = crate::model::Error::not_found("sandbox sb_1 not found");
+        assert_eq!(route_failure(&gone, "sb-1").status().as_u16(), 502);
+    }
 }
