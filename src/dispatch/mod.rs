@@ -3,6 +3,7 @@
 //! one instance.
 
 pub mod client;
+pub mod forms;
 mod metadata;
 pub mod owner_index;
 pub mod read_view;
@@ -270,6 +271,12 @@ impl Dispatcher {
     /// Unpinned listing from the read view (eventually consistent).
     pub fn list(&self, namespace: Option<&str>) -> (Vec<Arc<SandboxRecord>>, u64) {
         self.inner.view.list(|r| in_scope(r, namespace))
+    }
+
+    /// Like `list`, as the view's entries (each with the revision it last changed at and
+    /// the serialized forms the surfaces keep with it).
+    pub fn entries(&self, namespace: Option<&str>) -> (Vec<read_view::Entry>, u64) {
+        self.inner.view.entries(|r| in_scope(r, namespace))
     }
 
     pub async fn shutdown(&self) {

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::auth::Attrs;
 use super::create;
+use super::list_body::{self, Chunks, Shape};
 use super::objects;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{KubeError, KubeResult};
@@ -55,7 +56,7 @@ pub(super) fn refuse_dry_run(q: &[(String, String)], what: &str) -> KubeResult<(
 
 /// Labels (user and system) of a record, for selectors.
 pub fn selectable(r: &SandboxRecord, labels: &LabelSelector, fields: &FieldSelector) -> bool {
-    fields.matches(&objects::name(r), r.namespace(), &r.node)
+    (fields.is_empty() || fields.matches(&objects::name(r), r.namespace(), &r.node))
         && (labels.is_empty() || labels.matches(&objects::labels(r)))
 }
 
@@ -184,13 +185,20 @@ async fn list_or_watch(
     };
     let next = (end < total).then(|| facade.remember(snapshot.clone(), end));
     let remaining = next.as_ref().map(|_| (total - end) as i64);
-    let page = &snapshot.entries[offset..end];
-    let body = if table {
-        super::table::table(page, snapshot.revision, next, remaining)
+    let shape = if table {
+        Shape::Table {
+            now: chrono::Utc::now(),
+        }
     } else {
-        objects::list(page, snapshot.revision, next, remaining)
+        Shape::Objects
     };
-    Ok(json_reply(actix_web::http::StatusCode::OK, body))
+    Ok(list_body::reply(Chunks::new(
+        snapshot,
+        offset..end,
+        shape,
+        next,
+        remaining,
+    )))
 }
 
 impl Facade {
@@ -203,23 +211,31 @@ impl Facade {
     ) -> KubeResult<ListSnapshot> {
         if let (Some(ns), Some(name)) = (namespace, fields.pinned_name()) {
             let records = self.find(ns, name).await?;
-            let entries = records
+            let entries: Vec<Entry> = records
                 .into_iter()
                 .filter(|r| selectable(r, labels, fields))
-                .map(|r| Entry {
-                    revision: self.revision_of(&r.id),
-                    record: Arc::new(r),
+                .map(|r| {
+                    let revision = self.revision_of(&r.id);
+                    Entry::new(Arc::new(r), revision)
                 })
                 .collect();
             return Ok(ListSnapshot {
-                entries,
+                entries: entries.into(),
                 revision: self.dispatcher.view().revision(),
             });
         }
-        let (entries, revision) = self.dispatcher.view().entries(|r| {
+        let view = self.dispatcher.view();
+        if namespace.is_none() && labels.is_empty() && fields.is_empty() {
+            let (entries, revision) = view.all_entries();
+            return Ok(ListSnapshot { entries, revision });
+        }
+        let (entries, revision) = view.entries(|r| {
             namespace.is_none_or(|ns| r.namespace() == ns) && selectable(r, labels, fields)
         });
-        Ok(ListSnapshot { entries, revision })
+        Ok(ListSnapshot {
+            entries: entries.into(),
+            revision,
+        })
     }
 
     fn remember(&self, snapshot: Arc<ListSnapshot>, offset: usize) -> String {
@@ -259,10 +275,7 @@ pub async fn get(
     let r = facade.find_one(&ns, &name).await?;
     let rv = facade.revision_of(&r.id);
     let body = if wants_table(&req) {
-        let entry = Entry {
-            record: Arc::new(r),
-            revision: rv,
-        };
+        let entry = Entry::new(Arc::new(r), rv);
         super::table::table(std::slice::from_ref(&entry), rv, None, None)
     } else {
         serde_json::to_vec(&objects::sandbox(&r, rv)).unwrap_or_default()
