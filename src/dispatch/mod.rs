@@ -273,12 +273,6 @@ impl Dispatcher {
         self.inner.view.list(|r| in_scope(r, namespace))
     }
 
-    /// Like `list`, as the view's entries (each with the revision it last changed at and
-    /// the serialized forms the surfaces keep with it).
-    pub fn entries(&self, namespace: Option<&str>) -> (Vec<read_view::Entry>, u64) {
-        self.inner.view.entries(|r| in_scope(r, namespace))
-    }
-
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
         self.inner.tasks.close();

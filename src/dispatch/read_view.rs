@@ -115,7 +115,28 @@ pub struct ReadView {
     tx: broadcast::Sender<ViewEvent>,
     /// The whole view in list order and the revision it is current as of, shared by every
     /// unfiltered list until the view changes.
-    listed: Mutex<Option<(u64, Arc<[Entry]>)>>,
+    listed: Shared,
+    /// The same, ordered by claim time (see `by_start`).
+    by_start: Shared,
+}
+
+/// A whole-view slice and the revision it was made at, kept until the revision moves.
+type Shared = Mutex<Option<(u64, Arc<[Entry]>)>>;
+
+fn shared(
+    slot: &Shared,
+    inner: &Inner,
+    make: impl FnOnce(&Inner) -> Arc<[Entry]>,
+) -> (Arc<[Entry]>, u64) {
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((revision, all)) = slot.as_ref()
+        && *revision == inner.revision
+    {
+        return (all.clone(), *revision);
+    }
+    let all = make(inner);
+    *slot = Some((inner.revision, all.clone()));
+    (all, inner.revision)
 }
 
 impl Default for ReadView {
@@ -282,6 +303,7 @@ impl ReadView {
             }),
             tx,
             listed: Mutex::new(None),
+            by_start: Mutex::new(None),
         }
     }
 
@@ -426,15 +448,22 @@ impl ReadView {
     /// copy 50,000 entries each time.
     pub fn all_entries(&self) -> (Arc<[Entry]>, u64) {
         let inner = self.read();
-        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((revision, all)) = listed.as_ref()
-            && *revision == inner.revision
-        {
-            return (all.clone(), *revision);
-        }
-        let all: Arc<[Entry]> = inner.sorted.values().cloned().collect();
-        *listed = Some((inner.revision, all.clone()));
-        (all, inner.revision)
+        shared(&self.listed, &inner, |inner| {
+            inner.sorted.values().cloned().collect()
+        })
+    }
+
+    /// Every entry ordered by claim time, then id, oldest first (ties keep list order), shared
+    /// like `all_entries`: listings by age page through it without sorting again.
+    pub fn by_start(&self) -> (Arc<[Entry]>, u64) {
+        let inner = self.read();
+        shared(&self.by_start, &inner, |inner| {
+            let mut all: Vec<Entry> = inner.sorted.values().cloned().collect();
+            all.sort_by(|a, b| {
+                (a.record.claimed_at, &a.record.id).cmp(&(b.record.claimed_at, &b.record.id))
+            });
+            all.into()
+        })
     }
 
     pub fn entry(&self, id: &str) -> Option<Entry> {

@@ -2,13 +2,11 @@
 //! each listed sandbox is serialized once per entry (kept with it, see `dispatch::forms`) and
 //! a long listing is streamed in chunks instead of being built whole.
 
-use std::cmp::Ordering;
-
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use bytes::Bytes;
 
-use super::listing::Order;
+use super::listing::{Cursor, Order};
 use super::render;
 use crate::dispatch::forms::{Form, Rendered};
 use crate::dispatch::read_view::Entry;
@@ -24,21 +22,55 @@ pub fn listed_form(e: &Entry) -> &Rendered {
     })
 }
 
-/// Orders entries by (start time, id), oldest first for `Asc`, newest first for `Desc`,
-/// comparing in place (no key is copied per comparison).
-pub fn order_by_start(entries: &mut [Entry], order: Order) {
-    let by_start = |a: &Entry, b: &Entry| -> Ordering {
-        (a.record.claimed_at, &a.record.id).cmp(&(b.record.claimed_at, &b.record.id))
-    };
-    match order {
-        Order::Asc => entries.sort_unstable_by(by_start),
-        Order::Desc => entries.sort_unstable_by(|a, b| by_start(b, a)),
-    }
+/// The cursor key of an entry: start time in milliseconds and id.
+fn cursor_key(e: &Entry) -> (i64, &str) {
+    (e.record.claimed_at.timestamp_millis(), e.record.id.as_str())
 }
 
-/// The cursor key of an entry: start time in milliseconds and id.
-pub fn cursor_key(e: &Entry) -> (i64, &str) {
-    (e.record.claimed_at.timestamp_millis(), e.record.id.as_str())
+/// One page of `oldest_first` (ordered by start time, then id) read in `order`: the entries
+/// `keep` accepts after the cursor `after`, at most `limit`, and the cursor for the next page
+/// when there is one. Only the page is copied; the view is walked, not sorted.
+pub fn page(
+    oldest_first: &[Entry],
+    keep: impl Fn(&Entry) -> bool,
+    order: Order,
+    after: Option<&Cursor>,
+    limit: usize,
+) -> (Vec<Entry>, Option<String>) {
+    let past = |e: &Entry| match after {
+        None => true,
+        Some(c) => {
+            let at = (c.at_ms, c.id.as_str());
+            match order {
+                Order::Asc => cursor_key(e) > at,
+                Order::Desc => cursor_key(e) < at,
+            }
+        }
+    };
+    let walk: Box<dyn Iterator<Item = &Entry>> = match order {
+        Order::Asc => Box::new(oldest_first.iter()),
+        Order::Desc => Box::new(oldest_first.iter().rev()),
+    };
+    let mut out: Vec<Entry> = walk
+        .filter(|e| past(e) && keep(e))
+        .take(limit.saturating_add(1))
+        .cloned()
+        .collect();
+    let more = out.len() > limit;
+    out.truncate(limit);
+    let next = if more {
+        out.last().map(|e| {
+            let (at_ms, id) = cursor_key(e);
+            Cursor {
+                at_ms,
+                id: id.to_string(),
+            }
+            .encode()
+        })
+    } else {
+        None
+    };
+    (out, next)
 }
 
 /// A JSON array of the entries' listed forms, in chunks of about `CHUNK` bytes.
@@ -123,7 +155,7 @@ mod tests {
             claim_ref: format!("default/box-{i}"),
             claimed_at: t0 + TimeDelta::seconds(at),
             deadline: t0 + TimeDelta::seconds(600),
-            phase: if i % 2 == 0 {
+            phase: if i.is_multiple_of(2) {
                 Phase::Running
             } else {
                 Phase::Paused
@@ -176,14 +208,38 @@ mod tests {
     }
 
     #[test]
-    fn order_is_by_start_then_id() {
-        let mut es = vec![entry(3, 5), entry(1, 5), entry(2, 1)];
-        order_by_start(&mut es, Order::Asc);
-        let ids: Vec<usize> = es.iter().map(|e| e.revision as usize).collect();
-        assert_eq!(ids, [2, 1, 3]);
-        order_by_start(&mut es, Order::Desc);
-        let ids: Vec<usize> = es.iter().map(|e| e.revision as usize).collect();
-        assert_eq!(ids, [3, 1, 2]);
-        assert_eq!(cursor_key(&es[2]).1, "sb_0000000000000002");
+    fn pages_follow_cursors_like_the_generic_pager() {
+        // Oldest first, with start times shared by several entries.
+        let all: Vec<Entry> = (0..23).map(|i| entry(i, (i / 3) as i64)).collect();
+        let keep = |e: &Entry| e.revision % 4 != 1;
+        for order in [Order::Asc, Order::Desc] {
+            let mut ordered: Vec<Entry> = all.iter().filter(|e| keep(e)).cloned().collect();
+            if order == Order::Desc {
+                ordered.reverse();
+            }
+            let mut after: Option<Cursor> = None;
+            loop {
+                let (mine, next) = page(&all, keep, order, after.as_ref(), 4);
+                let (theirs, their_next) = crate::e2b::listing::page(
+                    ordered.clone(),
+                    cursor_key,
+                    order,
+                    after.as_ref(),
+                    4,
+                );
+                let ids = |v: &[Entry]| v.iter().map(|e| e.revision).collect::<Vec<_>>();
+                assert_eq!(ids(&mine), ids(&theirs), "{order:?} after {after:?}");
+                assert_eq!(next, their_next);
+                match next {
+                    Some(t) => after = Some(Cursor::decode(&t).expect("a cursor")),
+                    None => break,
+                }
+            }
+        }
+        let (first, _) = page(&all, |_| true, Order::Desc, None, 2);
+        let ids: Vec<u64> = first.iter().map(|e| e.revision).collect();
+        assert_eq!(ids, [22, 21], "newest first");
+        let (none, next) = page(&all, |_| false, Order::Asc, None, 5);
+        assert!(none.is_empty() && next.is_none());
     }
 }

@@ -17,6 +17,7 @@ use super::listing::{self, Cursor, Order};
 use super::render::{self, ok_json};
 use super::{E2b, wire};
 use crate::dispatch::ClaimRequest;
+use crate::dispatch::read_view::Entry;
 use crate::model::{self, CheckpointFilter, Phase, PoolKey, ids};
 
 /// Lifetime of a sandbox created without a timeout on each API version.
@@ -337,10 +338,11 @@ pub async fn list_v2(
         .filter(|t| !t.is_empty())
         .map(Cursor::decode)
         .transpose()?;
-    let (mut entries, _) = e2b.dispatcher.entries(tenant.scope());
-    entries.retain(|e| filter.keeps(&e.record));
-    listed::order_by_start(&mut entries, order);
-    let (page, next) = listing::page(entries, listed::cursor_key, order, after.as_ref(), limit);
+    let (all, _) = e2b.dispatcher.view().by_start();
+    let scope = tenant.scope();
+    let keep =
+        |e: &Entry| scope.is_none_or(|ns| e.record.namespace() == ns) && filter.keeps(&e.record);
+    let (page, next) = listed::page(&all, keep, order, after.as_ref(), limit);
     Ok(listed::reply(page, next))
 }
 
@@ -355,10 +357,15 @@ pub async fn list_v1(
 ) -> ApiResult<HttpResponse> {
     let mut filter = sandbox_filter(&q)?;
     filter.states = Some(vec![Phase::Running]);
-    let (mut entries, _) = e2b.dispatcher.entries(tenant.scope());
-    entries.retain(|e| filter.keeps(&e.record));
-    listed::order_by_start(&mut entries, Order::Desc);
-    Ok(listed::reply(entries, None))
+    let (all, _) = e2b.dispatcher.view().by_start();
+    let scope = tenant.scope();
+    let newest_first = all
+        .iter()
+        .rev()
+        .filter(|e| scope.is_none_or(|ns| e.record.namespace() == ns) && filter.keeps(&e.record))
+        .cloned()
+        .collect();
+    Ok(listed::reply(newest_first, None))
 }
 
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/timeout", tag = "sandboxes",

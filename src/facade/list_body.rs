@@ -139,10 +139,10 @@ mod tests {
         let t0 = DateTime::<Utc>::from_timestamp(1_790_000_000, 0).unwrap_or_default();
         let mut metadata = std::collections::BTreeMap::new();
         metadata.insert("user".to_string(), format!("u\"{i}\\é"));
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             metadata.insert(format!("{}team", objects::LABEL_PREFIX), "blue".into());
         }
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             metadata.insert(
                 super::super::stored::SPEC_KEY.to_string(),
                 r#"{"podTemplate":{"spec":{"containers":[{"name":"m","image":"base"}]}},"shutdownTime":"2030-01-01T00:00:00Z"}"#.into(),
@@ -152,19 +152,19 @@ mod tests {
             id: format!("sb_{i:016x}"),
             token: String::new(),
             key: PoolKey::base(),
-            claim_ref: if i % 5 == 0 {
+            claim_ref: if i.is_multiple_of(5) {
                 format!("ns-{}/sb_{i:016x}", i % 2)
             } else {
                 format!("ns-{}/box-{i}", i % 2)
             },
             claimed_at: t0 - chrono::TimeDelta::seconds(i as i64 * 977),
             deadline: t0 + chrono::TimeDelta::seconds(600),
-            phase: if i % 2 == 0 {
+            phase: if i.is_multiple_of(2) {
                 Phase::Running
             } else {
                 Phase::Paused
             },
-            address: if i % 7 == 0 {
+            address: if i.is_multiple_of(7) {
                 String::new()
             } else {
                 format!("10.0.0.{i}:49983")
