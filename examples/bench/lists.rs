@@ -177,6 +177,8 @@ pub async fn bench_lists(nodes: usize, per_node: usize, runs: usize) -> Res<List
             .configure(facade::configure)
     })
     .workers(1)
+    // As the gateway's listeners are.
+    .tcp_nodelay(true)
     .bind("127.0.0.1:0")?;
     let addr = server.addrs()[0];
     let handle = server.run();
@@ -323,6 +325,8 @@ async fn bench_e2b(
             .configure(sandbox_gateway::e2b::configure)
     })
     .workers(1)
+    // As the gateway's listeners are.
+    .tcp_nodelay(true)
     .bind("127.0.0.1:0")?;
     let addr = server.addrs()[0];
     let handle = server.run();
@@ -393,7 +397,8 @@ pub fn render_lists(o: &mut String, b: &ListBench) {
         o,
         "Method: a read view of {} nodes × {} sandboxes = {} (built by applying node inventory \
          events, as node streams do) behind an HTTP server in the bench's own process (one \
-         actix worker, plain HTTP on loopback, an admin bearer key) serving the facade's routes. \
+         actix worker, `TCP_NODELAY` as in the gateway, plain HTTP on loopback, an admin bearer \
+         key) serving the facade's routes. \
          `GET /apis/agents.x-k8s.io/v1beta1/sandboxes` (all namespaces) is read to the end by a \
          keep-alive client that counts and drops the body as it arrives; `Table` is asked with \
          `Accept: {TABLE}`. \"Today's buffered\" is the path lists took before (the page \

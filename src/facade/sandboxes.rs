@@ -493,3 +493,96 @@ pub async fn not_found() -> KubeResult<HttpResponse> {
         "the server could not find the requested resource",
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::DispatcherConfig;
+    use crate::model::{Phase, PoolKey};
+
+    fn rec(i: usize) -> SandboxRecord {
+        SandboxRecord {
+            id: format!("sb_{i:016x}"),
+            token: String::new(),
+            key: PoolKey::base(),
+            claim_ref: format!("ns-{}/box-{i:03}", i % 3),
+            claimed_at: chrono::DateTime::UNIX_EPOCH,
+            deadline: chrono::DateTime::UNIX_EPOCH,
+            phase: Phase::Running,
+            address: String::new(),
+            metadata: Default::default(),
+            env_vars: Default::default(),
+            from_checkpoint: None,
+            forked_from: None,
+            node: "n1".into(),
+            cpu_count: 1,
+            memory_bytes: 1,
+            state_dir: String::new(),
+            disk_bytes: 0,
+            lifecycle: Default::default(),
+            lease_seconds: 0,
+            paused: None,
+        }
+    }
+
+    fn names(body: &[u8]) -> (Vec<String>, Option<String>) {
+        let v: Value = serde_json::from_slice(body).expect("a list");
+        let names = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| o["metadata"]["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        let next = v["metadata"]["continue"].as_str().map(str::to_string);
+        (names, next)
+    }
+
+    #[tokio::test]
+    async fn continue_tokens_page_through_one_snapshot() {
+        let d = crate::dispatch::Dispatcher::new(DispatcherConfig::default(), "t");
+        d.view()
+            .replace("n1", (0..10).map(rec).collect(), chrono::Utc::now());
+        let keys =
+            web::Data::new(crate::e2b::auth::ApiKeys::new(None, true).expect("anonymous keys"));
+        let f = Facade::new(d.clone(), super::super::auth::Auth::local(keys));
+        let (labels, fields) = (LabelSelector::default(), FieldSelector::default());
+        let whole = Arc::new(f.snapshot(None, &labels, &fields).await.expect("a list"));
+        let (all, _) = names(&list_body::collect(Chunks::new(
+            whole.clone(),
+            0..10,
+            Shape::Objects,
+            None,
+            None,
+        )));
+        assert_eq!(all.len(), 10);
+        assert_eq!(all[0], "box-000", "ns-0 first, by claim ref");
+
+        // Pages of 4 from a token, while the view changes under them.
+        let token = f.remember(whole.clone(), 4);
+        d.view()
+            .replace("n1", (0..3).map(rec).collect(), chrono::Utc::now());
+        let mut seen = all[..4].to_vec();
+        let mut next = Some(token);
+        while let Some(t) = next.take() {
+            let (snap, offset) = f.continued(&t).expect("a live token");
+            assert!(Arc::ptr_eq(&snap, &whole), "the first page's snapshot");
+            let end = (offset + 4).min(snap.entries.len());
+            let more = (end < snap.entries.len()).then(|| f.remember(snap.clone(), end));
+            let (page, token) = names(&list_body::collect(Chunks::new(
+                snap,
+                offset..end,
+                Shape::Objects,
+                more,
+                None,
+            )));
+            seen.extend(page);
+            next = token;
+        }
+        assert_eq!(seen, all, "every item once, in order");
+        for bad in ["", "bm9wZTox", "!!", "YWJjOjk5OQ"] {
+            let e = f.continued(bad).err().expect("expired");
+            assert_eq!(e.code, 410, "{bad:?}");
+        }
+        d.shutdown().await;
+    }
+}
