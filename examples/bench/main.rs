@@ -22,6 +22,7 @@ mod envd;
 mod gvisor;
 mod gvisor_pool;
 mod kube;
+mod lists;
 mod transfers;
 
 #[allow(dead_code)]
@@ -91,6 +92,7 @@ const SECTIONS: &[&str] = &[
     "streaming",
     "resolve",
     "facade",
+    "lists",
     "verbs",
     "idle",
     "boundary",
@@ -111,6 +113,7 @@ struct Run {
     streaming: Option<commands::Streaming>,
     resolve: Option<kube::ResolveBench>,
     facade: Option<kube::FacadeBench>,
+    lists: Option<lists::ListBench>,
     verbs: Option<Vec<boundary::VerbCosts>>,
     idle: Option<boundary::IdleMemory>,
     cold: Option<boundary::ColdStart>,
@@ -161,6 +164,7 @@ fn measure(rt: &tokio::runtime::Runtime, sections: &[&str], opts: &Options) -> R
                 ))?;
                 run.facade = Some(facade);
             }
+            "lists" => run.lists = Some(rt.block_on(lists::bench_lists(200, 250, 20))?),
             "verbs" => {
                 run.verbs = Some(rt.block_on(boundary::bench_verbs(&[0, 1, 16, 128], VERB_RUNS))?)
             }
@@ -216,6 +220,9 @@ fn render_sections(run: &Run) -> String {
     }
     if let Some(f) = &run.facade {
         kube::render_facade(&mut o, f);
+    }
+    if let Some(l) = &run.lists {
+        lists::render_lists(&mut o, l);
     }
     if let Some(v) = &run.verbs {
         boundary::render_verbs(&mut o, v, VERB_RUNS);
@@ -411,6 +418,33 @@ fn render_summary(run: &Run) -> String {
                 "behind"
             },
         );
+    }
+    if let Some(l) = &run.lists {
+        for w in l.ways.iter().filter(|w| w.name.starts_with("streamed")) {
+            row(
+                &mut o,
+                &format!("list of {} over HTTP, {} (p50)", l.sandboxes, w.name),
+                format!(
+                    "{} (RSS growth {:.1} MiB)",
+                    ms(w.warm.p50),
+                    mib(w.rss_growth)
+                ),
+                "target ≤ 30 ms, memory a small multiple of one page",
+                meets(ms_f(w.warm.p50) <= 30.0),
+            );
+        }
+        for p in &l.pages {
+            row(
+                &mut o,
+                &format!(
+                    "`limit=500` page of {}, {} (p50 first / continued)",
+                    l.sandboxes, p.name
+                ),
+                format!("{} / {}", ms(p.first.p50), ms(p.continued.p50)),
+                "target ≤ 2 ms each",
+                meets(ms_f(p.first.p50).max(ms_f(p.continued.p50)) <= 2.0),
+            );
+        }
     }
     if let Some(cl) = &run.cluster {
         row(

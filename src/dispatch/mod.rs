@@ -3,6 +3,7 @@
 //! one instance.
 
 pub mod client;
+pub mod forms;
 mod metadata;
 pub mod owner_index;
 pub mod read_view;

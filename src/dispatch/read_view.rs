@@ -3,13 +3,14 @@
 //! stream is lost keeps its entries until the staleness bound, then leaves the view) or, in
 //! cluster mode, from the snapshots it publishes as a NodeInventory object.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 
+use super::forms::Forms;
 use crate::model::{InventoryChange, InventoryEvent, SandboxRecord};
 
 /// Changes kept for watches that resume from an older revision.
@@ -39,11 +40,31 @@ pub struct Expired {
     pub oldest: u64,
 }
 
-/// A sandbox in the view and the revision at which it last changed.
+/// A sandbox in the view and the revision at which it last changed, with the serialized
+/// forms the surfaces made of it (shared by clones; a changed record is a new entry).
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub record: Arc<SandboxRecord>,
     pub revision: u64,
+    pub forms: Arc<Forms>,
+}
+
+impl Entry {
+    pub fn new(record: Arc<SandboxRecord>, revision: u64) -> Entry {
+        Entry {
+            record,
+            revision,
+            forms: Arc::default(),
+        }
+    }
+}
+
+/// Where an entry sorts in lists: claim ref (`<namespace>/<name>`), then id, then node (the
+/// same id reported by two nodes is two entries).
+type SortKey = (String, String, String);
+
+fn sort_key(node: &str, r: &SandboxRecord) -> SortKey {
+    (r.claim_ref.clone(), r.id.clone(), node.to_string())
 }
 
 #[derive(Default)]
@@ -63,6 +84,9 @@ struct NodeSlice {
 struct Inner {
     revision: u64,
     nodes: HashMap<String, NodeSlice>,
+    /// Every node's entries in list order, kept beside `nodes` on every change so that a list
+    /// of 50,000 is a walk, not a sort.
+    sorted: BTreeMap<SortKey, Entry>,
     history: VecDeque<ViewEvent>,
     /// Sandboxes this dispatcher released (id → node, when), until their node confirms it:
     /// a late event or snapshot from before the release must not bring them back.
@@ -89,6 +113,30 @@ pub enum LocalChange {
 pub struct ReadView {
     inner: RwLock<Inner>,
     tx: broadcast::Sender<ViewEvent>,
+    /// The whole view in list order and the revision it is current as of, shared by every
+    /// unfiltered list until the view changes.
+    listed: Shared,
+    /// The same, ordered by claim time (see `by_start`).
+    by_start: Shared,
+}
+
+/// A whole-view slice and the revision it was made at, kept until the revision moves.
+type Shared = Mutex<Option<(u64, Arc<[Entry]>)>>;
+
+fn shared(
+    slot: &Shared,
+    inner: &Inner,
+    make: impl FnOnce(&Inner) -> Arc<[Entry]>,
+) -> (Arc<[Entry]>, u64) {
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((revision, all)) = slot.as_ref()
+        && *revision == inner.revision
+    {
+        return (all.clone(), *revision);
+    }
+    let all = make(inner);
+    *slot = Some((inner.revision, all.clone()));
+    (all, inner.revision)
 }
 
 impl Default for ReadView {
@@ -103,6 +151,7 @@ impl Inner {
             let mut gone: Vec<_> = slice.sandboxes.into_values().map(|e| e.record).collect();
             gone.sort_by(|a, b| a.id.cmp(&b.id));
             for rec in gone {
+                self.sorted.remove(&sort_key(node, &rec));
                 self.record(tx, ViewEventKind::Deleted, rec, None);
             }
         }
@@ -144,12 +193,16 @@ impl Inner {
             Some(old) if *old.record == record => return,
             Some(old) => (ViewEventKind::Modified, Some(old.record.clone())),
         };
+        if let Some(old) = &previous {
+            self.sorted.remove(&sort_key(node, old));
+        }
         let record = Arc::new(record);
         let revision = self.record(tx, kind, record.clone(), previous);
+        let entry = Entry::new(record, revision);
+        self.sorted
+            .insert(sort_key(node, &entry.record), entry.clone());
         if let Some(slice) = self.nodes.get_mut(node) {
-            slice
-                .sandboxes
-                .insert(record.id.clone(), Entry { record, revision });
+            slice.sandboxes.insert(entry.record.id.clone(), entry);
         }
     }
 
@@ -163,6 +216,7 @@ impl Inner {
             return;
         }
         if let Some(old) = slice.sandboxes.remove(id) {
+            self.sorted.remove(&sort_key(node, &old.record));
             self.record(tx, ViewEventKind::Deleted, old.record, None);
         }
     }
@@ -204,6 +258,7 @@ impl Inner {
         let mut next: HashMap<String, Entry> = HashMap::with_capacity(incoming.len());
         for (id, entry) in &old {
             if !incoming.contains_key(id) {
+                self.sorted.remove(&sort_key(node, &entry.record));
                 self.record(tx, ViewEventKind::Deleted, entry.record.clone(), None);
             }
         }
@@ -216,9 +271,15 @@ impl Inner {
                     } else {
                         ViewEventKind::Added
                     };
+                    if let Some(p) = prior {
+                        self.sorted.remove(&sort_key(node, &p.record));
+                    }
                     let previous = prior.map(|p| p.record.clone());
                     let revision = self.record(tx, kind, record.clone(), previous);
-                    Entry { record, revision }
+                    let entry = Entry::new(record, revision);
+                    self.sorted
+                        .insert(sort_key(node, &entry.record), entry.clone());
+                    entry
                 }
             };
             next.insert(id, entry);
@@ -241,6 +302,8 @@ impl ReadView {
                 ..Inner::default()
             }),
             tx,
+            listed: Mutex::new(None),
+            by_start: Mutex::new(None),
         }
     }
 
@@ -367,21 +430,40 @@ impl ReadView {
         (entries.into_iter().map(|e| e.record).collect(), revision)
     }
 
-    /// Like `list`, with the revision at which each record last changed.
+    /// Like `list`, with the revision at which each record last changed, in
+    /// "<namespace>/<name>" order, as Kubernetes stores its keys.
     pub fn entries(&self, keep: impl Fn(&SandboxRecord) -> bool) -> (Vec<Entry>, u64) {
         let inner = self.read();
-        let mut out: Vec<Entry> = inner
-            .nodes
+        let out: Vec<Entry> = inner
+            .sorted
             .values()
-            .flat_map(|s| s.sandboxes.values())
             .filter(|e| keep(&e.record))
             .cloned()
             .collect();
-        // "<namespace>/<name>" order, as Kubernetes stores its keys.
-        out.sort_unstable_by(|a, b| {
-            (&a.record.claim_ref, &a.record.id).cmp(&(&b.record.claim_ref, &b.record.id))
-        });
         (out, inner.revision)
+    }
+
+    /// Every entry in list order, and the revision it is current as of. While the view does
+    /// not change this is the same shared slice, so a list (or the first page of one) does not
+    /// copy 50,000 entries each time.
+    pub fn all_entries(&self) -> (Arc<[Entry]>, u64) {
+        let inner = self.read();
+        shared(&self.listed, &inner, |inner| {
+            inner.sorted.values().cloned().collect()
+        })
+    }
+
+    /// Every entry ordered by claim time, then id, oldest first (ties keep list order), shared
+    /// like `all_entries`: listings by age page through it without sorting again.
+    pub fn by_start(&self) -> (Arc<[Entry]>, u64) {
+        let inner = self.read();
+        shared(&self.by_start, &inner, |inner| {
+            let mut all: Vec<Entry> = inner.sorted.values().cloned().collect();
+            all.sort_by(|a, b| {
+                (a.record.claimed_at, &a.record.id).cmp(&(b.record.claimed_at, &b.record.id))
+            });
+            all.into()
+        })
     }
 
     pub fn entry(&self, id: &str) -> Option<Entry> {
@@ -398,17 +480,17 @@ impl ReadView {
 
     pub fn find_claim_ref(&self, claim_ref: &str) -> Vec<Arc<SandboxRecord>> {
         let inner = self.read();
+        let from = (claim_ref.to_string(), String::new(), String::new());
         inner
-            .nodes
-            .values()
-            .flat_map(|s| s.sandboxes.values())
-            .filter(|e| e.record.claim_ref == claim_ref)
-            .map(|e| e.record.clone())
+            .sorted
+            .range(from..)
+            .take_while(|(k, _)| k.0 == claim_ref)
+            .map(|(_, e)| e.record.clone())
             .collect()
     }
 
     pub fn len(&self) -> usize {
-        self.read().nodes.values().map(|s| s.sandboxes.len()).sum()
+        self.read().sorted.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -488,6 +570,104 @@ mod tests {
         }
     }
 
+    /// The sorted index holds exactly the nodes' entries, at the same revisions.
+    fn assert_index_matches(v: &ReadView) {
+        let inner = v.read();
+        let mut from_nodes: Vec<(String, String, String, u64)> = inner
+            .nodes
+            .iter()
+            .flat_map(|(n, s)| {
+                s.sandboxes.values().map(move |e| {
+                    let r = &e.record;
+                    (r.claim_ref.clone(), r.id.clone(), n.clone(), e.revision)
+                })
+            })
+            .collect();
+        from_nodes.sort();
+        let from_index: Vec<_> = inner
+            .sorted
+            .iter()
+            .map(|(k, e)| (k.0.clone(), k.1.clone(), k.2.clone(), e.revision))
+            .collect();
+        assert_eq!(from_nodes, from_index);
+    }
+
+    #[test]
+    fn lists_come_sorted_and_a_change_starts_with_empty_forms() {
+        use crate::dispatch::forms::{Form, Rendered};
+        let v = ReadView::new();
+        v.stream_started("n1");
+        v.stream_started("n2");
+        for (node, id, claim_ref) in [
+            ("n1", "z", "b/x"),
+            ("n2", "y", "a/y"),
+            ("n1", "c", "a/y"),
+            ("n2", "d", "c/a"),
+        ] {
+            let mut r = rec(id, claim_ref);
+            r.node = node.into();
+            v.apply(node, ev(InventoryChange::Added(r)));
+        }
+        v.apply("n1", ev(InventoryChange::Synced));
+        v.apply("n2", ev(InventoryChange::Synced));
+        assert_index_matches(&v);
+        let (all, _) = v.entries(|_| true);
+        let order: Vec<&str> = all.iter().map(|e| e.record.id.as_str()).collect();
+        assert_eq!(order, ["c", "y", "z", "d"], "by claim ref, then id");
+        let (shared, at) = v.all_entries();
+        let order: Vec<&str> = shared.iter().map(|e| e.record.id.as_str()).collect();
+        assert_eq!(order, ["c", "y", "z", "d"]);
+        let (again, _) = v.all_entries();
+        assert!(Arc::ptr_eq(&shared, &again), "shared while nothing changes");
+        assert_eq!(v.find_claim_ref("a/y").len(), 2);
+        assert!(
+            v.find_claim_ref("a/").is_empty(),
+            "a prefix is not a claim ref"
+        );
+
+        let first = v.entry("z").unwrap();
+        first.forms.get_or_render(Form::KubeObject, || Rendered {
+            bytes: bytes::Bytes::from_static(b"old"),
+            mark: 0..0,
+        });
+        assert!(
+            v.entry("z").unwrap().forms.get(Form::KubeObject).is_some(),
+            "clones share their forms"
+        );
+        let mut m = rec("z", "b/x");
+        m.phase = Phase::Paused;
+        v.apply("n1", ev(InventoryChange::Modified(m)));
+        let changed = v.entry("z").unwrap();
+        assert!(changed.revision > first.revision);
+        let (fresh, now) = v.all_entries();
+        assert!(now > at && !Arc::ptr_eq(&shared, &fresh));
+        assert_eq!(
+            fresh[2].revision, changed.revision,
+            "the new entry is listed"
+        );
+        assert!(
+            changed.forms.get(Form::KubeObject).is_none(),
+            "a changed record is rendered afresh"
+        );
+        // A claim ref that changes moves the entry in the order.
+        let mut moved = rec("z", "a/a");
+        moved.node = "n1".into();
+        v.apply("n1", ev(InventoryChange::Modified(moved)));
+        assert_index_matches(&v);
+        assert_eq!(v.entries(|_| true).0[0].record.id, "z");
+        v.apply("n2", ev(InventoryChange::Deleted(rec("d", "c/a"))));
+        assert_index_matches(&v);
+        // A resync of n2 that drops "y" and adds "e".
+        v.stream_lost("n2");
+        v.stream_started("n2");
+        v.apply("n2", ev(InventoryChange::Added(rec("e", "c/e"))));
+        v.apply("n2", ev(InventoryChange::Synced));
+        assert_index_matches(&v);
+        v.forget("n1");
+        assert_index_matches(&v);
+        assert_eq!(v.len(), 1);
+    }
+
     #[test]
     fn snapshots_settle_into_diffs_and_revisions_only_grow() {
         let v = ReadView::new();
@@ -512,6 +692,7 @@ mod tests {
             .iter()
             .map(|e| (e.kind, e.sandbox.id.clone()))
             .collect();
+        assert_index_matches(&v);
         assert!(kinds.contains(&(ViewEventKind::Deleted, "a".into())));
         assert!(kinds.contains(&(ViewEventKind::Added, "c".into())));
         assert_eq!(kinds.len(), 2);
@@ -563,6 +744,7 @@ mod tests {
             v.find_id("a").is_some(),
             "once confirmed, the shadow is gone"
         );
+        assert_index_matches(&v);
     }
 
     #[test]
@@ -621,6 +803,7 @@ mod tests {
         );
         assert!(v.find_id("c").is_none());
         assert_eq!(v.len(), 1);
+        assert_index_matches(&v);
 
         v.forget("n1");
         assert!(v.is_empty());

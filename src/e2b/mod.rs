@@ -5,6 +5,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod idempotency;
+pub mod listed;
 pub mod listing;
 pub mod logs;
 pub mod network;

@@ -12,10 +12,12 @@ use super::auth::Tenant;
 use super::body::{Body, OptionalBody};
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::idempotency::{self, Begin, Outcome};
+use super::listed;
 use super::listing::{self, Cursor, Order};
 use super::render::{self, ok_json};
 use super::{E2b, network, wire};
 use crate::dispatch::ClaimRequest;
+use crate::dispatch::read_view::Entry;
 use crate::model::{self, CheckpointFilter, Phase, PoolKey, ids};
 
 /// Lifetime of a sandbox created without a timeout on each API version.
@@ -250,10 +252,6 @@ pub async fn kill(e2b: Data, tenant: Tenant, id: web::Path<String>) -> ApiResult
     Ok(HttpResponse::NoContent().finish())
 }
 
-fn sandbox_key(r: &std::sync::Arc<model::SandboxRecord>) -> (i64, &str) {
-    (r.claimed_at.timestamp_millis(), r.id.as_str())
-}
-
 fn checkpoint_key(c: &model::CheckpointRecord) -> (i64, &str) {
     (c.created_at.timestamp_millis(), c.id.as_str())
 }
@@ -336,19 +334,12 @@ pub async fn list_v2(
         .filter(|t| !t.is_empty())
         .map(Cursor::decode)
         .transpose()?;
-    let (mut records, _) = e2b.dispatcher.list(tenant.scope());
-    records.retain(|r| filter.keeps(r));
-    records.sort_by_key(|r| (r.claimed_at, r.id.clone()));
-    if order == Order::Desc {
-        records.reverse();
-    }
-    let (page, next) = listing::page(records, sandbox_key, order, after.as_ref(), limit);
-    let body: Vec<wire::ListedSandbox> = page.iter().map(|r| render::listed(r)).collect();
-    let mut res = HttpResponse::Ok();
-    if let Some(t) = next {
-        res.insert_header(("X-Next-Token", t));
-    }
-    Ok(res.json(body))
+    let (all, _) = e2b.dispatcher.view().by_start();
+    let scope = tenant.scope();
+    let keep =
+        |e: &Entry| scope.is_none_or(|ns| e.record.namespace() == ns) && filter.keeps(&e.record);
+    let (page, next) = listed::page(&all, keep, order, after.as_ref(), limit);
+    Ok(listed::reply(page, next))
 }
 
 #[utoipa::path(get, path = "/sandboxes", tag = "sandboxes",
@@ -362,11 +353,15 @@ pub async fn list_v1(
 ) -> ApiResult<HttpResponse> {
     let mut filter = sandbox_filter(&q)?;
     filter.states = Some(vec![Phase::Running]);
-    let (mut records, _) = e2b.dispatcher.list(tenant.scope());
-    records.retain(|r| filter.keeps(r));
-    records.sort_by_key(|r| std::cmp::Reverse((r.claimed_at, r.id.clone())));
-    let body: Vec<wire::ListedSandbox> = records.iter().map(|r| render::listed(r)).collect();
-    Ok(ok_json(StatusCode::OK, &body))
+    let (all, _) = e2b.dispatcher.view().by_start();
+    let scope = tenant.scope();
+    let newest_first = all
+        .iter()
+        .rev()
+        .filter(|e| scope.is_none_or(|ns| e.record.namespace() == ns) && filter.keeps(&e.record))
+        .cloned()
+        .collect();
+    Ok(listed::reply(newest_first, None))
 }
 
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/timeout", tag = "sandboxes",

@@ -7,6 +7,7 @@ pub mod create;
 pub mod discovery;
 pub mod inventories;
 pub mod kubeconfig;
+pub mod list_body;
 pub mod objects;
 pub mod openapi;
 pub mod patch;
@@ -41,7 +42,7 @@ const CONTINUE_TTL: Duration = Duration::from_secs(300);
 
 /// One list result, kept for its continue tokens.
 pub struct ListSnapshot {
-    pub entries: Vec<Entry>,
+    pub entries: Arc<[Entry]>,
     pub revision: u64,
 }
 

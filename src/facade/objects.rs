@@ -5,12 +5,14 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::stored::{self, ANNOTATION_PREFIX, SYSTEM_ANNOTATIONS, SYSTEM_LABELS};
 use super::types::{API_VERSION, KIND, keys};
+use crate::dispatch::forms::{Form, Rendered};
 use crate::dispatch::read_view::Entry;
 use crate::model::{Phase, SandboxRecord};
 
@@ -443,6 +445,26 @@ pub fn sandbox(r: &SandboxRecord, revision: u64) -> SandboxJson<'_> {
     SandboxJson { r, revision }
 }
 
+/// An entry's object as `sandbox` serializes it, rendered once per entry and kept with it
+/// (a changed record is a new entry).
+pub fn object_form(e: &Entry) -> &Rendered {
+    e.forms.get_or_render(Form::KubeObject, || Rendered {
+        bytes: Bytes::from(serde_json::to_vec(&sandbox(&e.record, e.revision)).unwrap_or_default()),
+        mark: 0..0,
+    })
+}
+
+/// The start of a `SandboxList`, up to the opening of its items.
+pub(super) fn list_head(out: &mut Vec<u8>, meta: &ListMeta) {
+    out.extend_from_slice(b"{\"apiVersion\":");
+    let _ = serde_json::to_writer(&mut *out, API_VERSION);
+    out.extend_from_slice(b",\"kind\":");
+    let _ = serde_json::to_writer(&mut *out, super::types::LIST_KIND);
+    out.extend_from_slice(b",\"metadata\":");
+    let _ = serde_json::to_writer(&mut *out, meta);
+    out.extend_from_slice(b",\"items\":[");
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct ListMeta {
@@ -488,7 +510,9 @@ pub(super) fn sized_buffer<T: Serialize>(first: Option<T>, n: usize) -> Vec<u8> 
     Vec::with_capacity(n * (each + each / 8) + 1024)
 }
 
-/// A `SandboxList` of `entries` as of `revision`.
+/// A `SandboxList` of `entries` as of `revision`, serialized whole into one buffer. Lists are
+/// served by `list_body`, streamed from cached forms; this is the plain serialization they
+/// are checked against.
 pub fn list(
     entries: &[Entry],
     revision: u64,

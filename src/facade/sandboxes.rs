@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::auth::Attrs;
 use super::create;
+use super::list_body::{self, Chunks, Shape};
 use super::objects;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{KubeError, KubeResult};
@@ -55,7 +56,7 @@ pub(super) fn refuse_dry_run(q: &[(String, String)], what: &str) -> KubeResult<(
 
 /// Labels (user and system) of a record, for selectors.
 pub fn selectable(r: &SandboxRecord, labels: &LabelSelector, fields: &FieldSelector) -> bool {
-    fields.matches(&objects::name(r), r.namespace(), &r.node)
+    (fields.is_empty() || fields.matches(&objects::name(r), r.namespace(), &r.node))
         && (labels.is_empty() || labels.matches(&objects::labels(r)))
 }
 
@@ -185,13 +186,20 @@ async fn list_or_watch(
     };
     let next = (end < total).then(|| facade.remember(snapshot.clone(), end));
     let remaining = next.as_ref().map(|_| (total - end) as i64);
-    let page = &snapshot.entries[offset..end];
-    let body = if table {
-        super::table::table(page, snapshot.revision, next, remaining)
+    let shape = if table {
+        Shape::Table {
+            now: chrono::Utc::now(),
+        }
     } else {
-        objects::list(page, snapshot.revision, next, remaining)
+        Shape::Objects
     };
-    Ok(json_reply(actix_web::http::StatusCode::OK, body))
+    Ok(list_body::reply(Chunks::new(
+        snapshot,
+        offset..end,
+        shape,
+        next,
+        remaining,
+    )))
 }
 
 impl Facade {
@@ -204,23 +212,31 @@ impl Facade {
     ) -> KubeResult<ListSnapshot> {
         if let (Some(ns), Some(name)) = (namespace, fields.pinned_name()) {
             let records = self.find(ns, name).await?;
-            let entries = records
+            let entries: Vec<Entry> = records
                 .into_iter()
                 .filter(|r| selectable(r, labels, fields))
-                .map(|r| Entry {
-                    revision: self.revision_of(&r.id),
-                    record: Arc::new(r),
+                .map(|r| {
+                    let revision = self.revision_of(&r.id);
+                    Entry::new(Arc::new(r), revision)
                 })
                 .collect();
             return Ok(ListSnapshot {
-                entries,
+                entries: entries.into(),
                 revision: self.dispatcher.view().revision(),
             });
         }
-        let (entries, revision) = self.dispatcher.view().entries(|r| {
+        let view = self.dispatcher.view();
+        if namespace.is_none() && labels.is_empty() && fields.is_empty() {
+            let (entries, revision) = view.all_entries();
+            return Ok(ListSnapshot { entries, revision });
+        }
+        let (entries, revision) = view.entries(|r| {
             namespace.is_none_or(|ns| r.namespace() == ns) && selectable(r, labels, fields)
         });
-        Ok(ListSnapshot { entries, revision })
+        Ok(ListSnapshot {
+            entries: entries.into(),
+            revision,
+        })
     }
 
     fn remember(&self, snapshot: Arc<ListSnapshot>, offset: usize) -> String {
@@ -260,10 +276,7 @@ pub async fn get(
     let r = facade.find_one(&ns, &name).await?;
     let rv = facade.revision_of(&r.id);
     let body = if wants_table(&req) {
-        let entry = Entry {
-            record: Arc::new(r),
-            revision: rv,
-        };
+        let entry = Entry::new(Arc::new(r), rv);
         super::table::table(std::slice::from_ref(&entry), rv, None, None)
     } else {
         serde_json::to_vec(&objects::sandbox(&r, rv)).unwrap_or_default()
@@ -473,4 +486,97 @@ pub async fn not_found() -> KubeResult<HttpResponse> {
         "NotFound",
         "the server could not find the requested resource",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::DispatcherConfig;
+    use crate::model::{Phase, PoolKey};
+
+    fn rec(i: usize) -> SandboxRecord {
+        SandboxRecord {
+            id: format!("sb_{i:016x}"),
+            token: String::new(),
+            key: PoolKey::base(),
+            claim_ref: format!("ns-{}/box-{i:03}", i % 3),
+            claimed_at: chrono::DateTime::UNIX_EPOCH,
+            deadline: chrono::DateTime::UNIX_EPOCH,
+            phase: Phase::Running,
+            address: String::new(),
+            metadata: Default::default(),
+            env_vars: Default::default(),
+            from_checkpoint: None,
+            forked_from: None,
+            node: "n1".into(),
+            cpu_count: 1,
+            memory_bytes: 1,
+            state_dir: String::new(),
+            disk_bytes: 0,
+            lifecycle: Default::default(),
+            lease_seconds: 0,
+            paused: None,
+        }
+    }
+
+    fn names(body: &[u8]) -> (Vec<String>, Option<String>) {
+        let v: Value = serde_json::from_slice(body).expect("a list");
+        let names = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| o["metadata"]["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        let next = v["metadata"]["continue"].as_str().map(str::to_string);
+        (names, next)
+    }
+
+    #[tokio::test]
+    async fn continue_tokens_page_through_one_snapshot() {
+        let d = crate::dispatch::Dispatcher::new(DispatcherConfig::default(), "t");
+        d.view()
+            .replace("n1", (0..10).map(rec).collect(), chrono::Utc::now());
+        let keys =
+            web::Data::new(crate::e2b::auth::ApiKeys::new(None, true).expect("anonymous keys"));
+        let f = Facade::new(d.clone(), super::super::auth::Auth::local(keys));
+        let (labels, fields) = (LabelSelector::default(), FieldSelector::default());
+        let whole = Arc::new(f.snapshot(None, &labels, &fields).await.expect("a list"));
+        let (all, _) = names(&list_body::collect(Chunks::new(
+            whole.clone(),
+            0..10,
+            Shape::Objects,
+            None,
+            None,
+        )));
+        assert_eq!(all.len(), 10);
+        assert_eq!(all[0], "box-000", "ns-0 first, by claim ref");
+
+        // Pages of 4 from a token, while the view changes under them.
+        let token = f.remember(whole.clone(), 4);
+        d.view()
+            .replace("n1", (0..3).map(rec).collect(), chrono::Utc::now());
+        let mut seen = all[..4].to_vec();
+        let mut next = Some(token);
+        while let Some(t) = next.take() {
+            let (snap, offset) = f.continued(&t).expect("a live token");
+            assert!(Arc::ptr_eq(&snap, &whole), "the first page's snapshot");
+            let end = (offset + 4).min(snap.entries.len());
+            let more = (end < snap.entries.len()).then(|| f.remember(snap.clone(), end));
+            let (page, token) = names(&list_body::collect(Chunks::new(
+                snap,
+                offset..end,
+                Shape::Objects,
+                more,
+                None,
+            )));
+            seen.extend(page);
+            next = token;
+        }
+        assert_eq!(seen, all, "every item once, in order");
+        for bad in ["", "bm9wZTox", "!!", "YWJjOjk5OQ"] {
+            let e = f.continued(bad).err().expect("expired");
+            assert_eq!(e.code, 410, "{bad:?}");
+        }
+        d.shutdown().await;
+    }
 }

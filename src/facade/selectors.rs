@@ -159,6 +159,10 @@ impl FieldSelector {
             .map(|(_, _, v)| v.as_str())
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn matches(&self, name: &str, namespace: &str, node: &str) -> bool {
         self.0.iter().all(|(f, eq, v)| {
             let actual = match f.as_str() {

@@ -3,10 +3,12 @@
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::objects::{Items, ListMeta, MetaJson, NumStr, meta_json, name, ready, sized_buffer};
+use crate::dispatch::forms::{Form, Rendered};
 use crate::dispatch::read_view::Entry;
 use crate::model::SandboxRecord;
 
@@ -174,14 +176,25 @@ struct TableOut<I> {
     rows: I,
 }
 
-/// A `meta.k8s.io/v1` Table of `entries` as of `revision`.
+/// A `meta.k8s.io/v1` Table of `entries` as of `revision`, serialized whole into one buffer
+/// (gets and watch events; lists are streamed by `list_body`).
 pub fn table(
     entries: &[Entry],
     revision: u64,
     continue_token: Option<String>,
     remaining: Option<i64>,
 ) -> Vec<u8> {
-    let now = Utc::now();
+    table_at(entries, revision, continue_token, remaining, Utc::now())
+}
+
+/// `table` with ages as of `now`.
+pub(super) fn table_at(
+    entries: &[Entry],
+    revision: u64,
+    continue_token: Option<String>,
+    remaining: Option<i64>,
+    now: DateTime<Utc>,
+) -> Vec<u8> {
     let t = TableOut {
         api_version: "meta.k8s.io/v1",
         kind: "Table",
@@ -202,6 +215,61 @@ pub fn table(
     );
     let _ = serde_json::to_writer(&mut out, &t);
     out
+}
+
+/// The start of a Table, up to the opening of its rows.
+pub(super) fn head(out: &mut Vec<u8>, meta: &ListMeta) {
+    out.extend_from_slice(b"{\"apiVersion\":\"meta.k8s.io/v1\",\"kind\":\"Table\",\"metadata\":");
+    let _ = serde_json::to_writer(&mut *out, meta);
+    out.extend_from_slice(b",\"columnDefinitions\":");
+    let _ = serde_json::to_writer(&mut *out, &COLUMNS);
+    out.extend_from_slice(b",\"rows\":[");
+}
+
+/// An entry's row without its age, rendered once per entry (the age changes with the clock,
+/// so it is written per request at `mark`).
+fn row_form(e: &Entry) -> &Rendered {
+    e.forms
+        .get_or_render(Form::KubeRow, || render_row(&e.record, e.revision))
+}
+
+/// The bytes `row` serializes to, less the age cell's string, in compact JSON.
+fn render_row(r: &SandboxRecord, revision: u64) -> Rendered {
+    let (ready, reason) = ready(r);
+    let mut out = Vec::with_capacity(768);
+    out.extend_from_slice(b"{\"cells\":[");
+    let _ = serde_json::to_writer(&mut out, &name(r));
+    out.push(b',');
+    let _ = serde_json::to_writer(&mut out, ready);
+    out.push(b',');
+    let _ = serde_json::to_writer(&mut out, reason);
+    out.push(b',');
+    let at = out.len();
+    out.push(b',');
+    let _ = serde_json::to_writer(&mut out, &r.node);
+    out.push(b',');
+    let _ = serde_json::to_writer(&mut out, &r.key.template);
+    out.extend_from_slice(
+        b"],\"object\":{\"apiVersion\":\"meta.k8s.io/v1\",\"kind\":\"PartialObjectMetadata\",\"metadata\":",
+    );
+    let _ = serde_json::to_writer(&mut out, &meta_json(r, revision));
+    out.extend_from_slice(b"}}");
+    Rendered {
+        bytes: Bytes::from(out),
+        mark: at..at,
+    }
+}
+
+/// One row as `row` serializes it, with its age as of `now`.
+pub(super) fn write_row(out: &mut Vec<u8>, e: &Entry, now: DateTime<Utc>) {
+    let form = row_form(e);
+    let at = form.mark.start.min(form.bytes.len());
+    out.extend_from_slice(&form.bytes[..at]);
+    // An age is digits, letters and `<>`: nothing JSON escapes.
+    out.push(b'"');
+    out.extend_from_slice(human_duration(now - e.record.claimed_at).as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(&form.bytes[at..]);
 }
 
 #[cfg(test)]

@@ -40,10 +40,7 @@ impl Filter {
 
 fn event_line(kind: &str, r: &Arc<SandboxRecord>, revision: u64, table: bool) -> Bytes {
     let object = if table {
-        let entry = Entry {
-            record: r.clone(),
-            revision,
-        };
+        let entry = Entry::new(r.clone(), revision);
         super::table::table(std::slice::from_ref(&entry), revision, None, None)
     } else {
         serde_json::to_vec(&objects::sandbox(r, revision)).unwrap_or_default()
@@ -190,7 +187,7 @@ async fn stream(
         }
     };
     if let Start::Initial(s) = &start {
-        for e in &s.entries {
+        for e in s.entries.iter() {
             if tx
                 .send(Ok(event_line("ADDED", &e.record, e.revision, table)))
                 .await
