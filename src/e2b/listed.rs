@@ -173,6 +173,7 @@ mod tests {
             lifecycle: Default::default(),
             lease_seconds: 0,
             paused: None,
+            network: Default::default(),
         };
         Entry::new(Arc::new(r), i as u64)
     }

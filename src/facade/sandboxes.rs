@@ -516,6 +516,7 @@ mod tests {
             lifecycle: Default::default(),
             lease_seconds: 0,
             paused: None,
+            network: Default::default(),
         }
     }
 
