@@ -410,7 +410,7 @@ pub fn render_lists(o: &mut String, b: &ListBench) {
          lists each. Memory: the gateway is this process, so its growth is VmHWM after the list \
          minus VmRSS before (peak reset with `/proc/self/clear_refs`); heap is the most bytes \
          held at once beyond what was live before, by the counting allocator. Pages: \
-         `limit=500` then `continue` until the end, three walks.\n",
+         `limit=500` then `continue` until the end, three walks (so three first pages).\n",
         b.nodes,
         b.sandboxes / b.nodes.max(1),
         b.sandboxes,
@@ -456,7 +456,7 @@ pub fn render_lists(o: &mut String, b: &ListBench) {
     }
     let _ = writeln!(
         o,
-        "\nIn process (no HTTP; the read-view snapshot, then the body): \n"
+        "\nIn process (no HTTP; the read-view snapshot, then the body):\n"
     );
     let _ = writeln!(o, "| list of {} | p50 | p90 | heap peak |", b.sandboxes);
     let _ = writeln!(o, "|---|---|---|---|");

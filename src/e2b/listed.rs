@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::listing::{Cursor, Order};
 use super::render;
-use crate::dispatch::forms::{Form, Rendered};
+use crate::dispatch::forms::{Form, Rendered, kept};
 use crate::dispatch::read_view::Entry;
 
 /// Bytes gathered before a chunk is handed to the connection.
@@ -17,7 +17,7 @@ const CHUNK: usize = 64 * 1024;
 /// The entry's listed sandbox as `render::listed` serializes it, rendered once per entry.
 pub fn listed_form(e: &Entry) -> &Rendered {
     e.forms.get_or_render(Form::E2bListed, || Rendered {
-        bytes: Bytes::from(serde_json::to_vec(&render::listed(&e.record)).unwrap_or_default()),
+        bytes: kept(serde_json::to_vec(&render::listed(&e.record)).unwrap_or_default()),
         mark: 0..0,
     })
 }

@@ -5,14 +5,13 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::stored::{self, ANNOTATION_PREFIX, SYSTEM_ANNOTATIONS, SYSTEM_LABELS};
 use super::types::{API_VERSION, KIND, keys};
-use crate::dispatch::forms::{Form, Rendered};
+use crate::dispatch::forms::{Form, Rendered, kept};
 use crate::dispatch::read_view::Entry;
 use crate::model::{Phase, SandboxRecord};
 
@@ -449,7 +448,7 @@ pub fn sandbox(r: &SandboxRecord, revision: u64) -> SandboxJson<'_> {
 /// (a changed record is a new entry).
 pub fn object_form(e: &Entry) -> &Rendered {
     e.forms.get_or_render(Form::KubeObject, || Rendered {
-        bytes: Bytes::from(serde_json::to_vec(&sandbox(&e.record, e.revision)).unwrap_or_default()),
+        bytes: kept(serde_json::to_vec(&sandbox(&e.record, e.revision)).unwrap_or_default()),
         mark: 0..0,
     })
 }

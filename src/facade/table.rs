@@ -3,12 +3,11 @@
 
 use std::borrow::Cow;
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::objects::{Items, ListMeta, MetaJson, NumStr, meta_json, name, ready, sized_buffer};
-use crate::dispatch::forms::{Form, Rendered};
+use crate::dispatch::forms::{Form, Rendered, kept};
 use crate::dispatch::read_view::Entry;
 use crate::model::SandboxRecord;
 
@@ -255,7 +254,7 @@ fn render_row(r: &SandboxRecord, revision: u64) -> Rendered {
     let _ = serde_json::to_writer(&mut out, &meta_json(r, revision));
     out.extend_from_slice(b"}}");
     Rendered {
-        bytes: Bytes::from(out),
+        bytes: kept(out),
         mark: at..at,
     }
 }
