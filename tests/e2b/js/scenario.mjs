@@ -200,7 +200,8 @@ scenario('create from an unknown template fails with 404', async () => {
 scenario('unsupported create options are refused with 400', async () => {
   const cases = {
     filesystemAutoPause: { lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } },
-    network: { network: { denyOut: ['0.0.0.0/0'] } },
+    // CIDR rules are enforced (tests/e2b_network.rs); domain rules need an egress proxy.
+    networkDomains: { network: { allowOut: ['example.com'], denyOut: ['0.0.0.0/0'] } },
     mcp: { mcp: { exa: { apiKey: 'x' } } },
     volumeMounts: { volumeMounts: { '/data': 'vol-' + RUN } },
     iam: { iam: { tokens: { aws: { audience: 'sts.amazonaws.com', tokenType: 'JWT-SVID' } } } },

@@ -265,11 +265,12 @@ def test_create_from_unknown_template_fails(cleanup):
 
 @pytest.mark.parametrize(
     "option",
-    ["network_rules", "mcp", "volume_mounts", "iam"],
+    ["network_domains", "mcp", "volume_mounts", "iam"],
 )
 def test_unsupported_create_options_are_refused(cleanup, option):
     kwargs = {
-        "network_rules": {"network": {"deny_out": ["0.0.0.0/0"]}},
+        # CIDR rules are enforced (tests/e2b_network.rs); domain rules need an egress proxy.
+        "network_domains": {"network": {"allow_out": ["example.com"], "deny_out": ["0.0.0.0/0"]}},
         "mcp": {"mcp": {"exa": {"apiKey": "x"}}},
         "volume_mounts": {"volume_mounts": {"/data": "vol-" + RUN}},
         "iam": {
