@@ -5,7 +5,7 @@
 use super::Node;
 use super::runtime::{Instance, Runtime};
 use crate::model::network::{Egress, NetworkPolicy};
-use crate::model::{Error, InventoryChange, PoolKey, Result, SandboxRecord};
+use crate::model::{Error, PoolKey, Result, SandboxRecord};
 
 impl<R: Runtime> Node<R> {
     /// The rules `policy` asks for on a sandbox of `key`: none without a network of its own
@@ -79,33 +79,24 @@ impl<R: Runtime> Node<R> {
             // Lifting every rule is a change too: the old table must go.
             self.inner.runtime.set_egress(&inst, rules.as_ref()).await?;
         }
-        let mut st = self.state();
-        let Some(c) = st.claims.get_mut(id) else {
-            return Err(self.not_found(&st, id));
-        };
-        c.record.network = policy;
-        c.instance.logs.note(
-            crate::model::logs::LogLevel::Info,
-            match &rules {
-                Some(r) => format!(
-                    "network policy updated: {} denied, {} allowed back",
-                    r.deny.join(" "),
-                    if r.allow.is_empty() {
-                        "none".to_string()
-                    } else {
-                        r.allow.join(" ")
-                    }
-                ),
-                None => "network policy updated: all egress open".to_string(),
-            },
-        );
-        let record = c.record.clone().without_token();
-        st.emit(
-            &self.inner.events,
-            InventoryChange::Modified(record.clone()),
-        );
-        drop(st);
-        self.changed();
-        Ok((record, true))
+        self.modify_claim(id, |c| {
+            c.record.network = policy;
+            c.instance.logs.note(
+                crate::model::logs::LogLevel::Info,
+                match &rules {
+                    Some(r) => format!(
+                        "network policy updated: {} denied, {} allowed back",
+                        r.deny.join(" "),
+                        if r.allow.is_empty() {
+                            "none".to_string()
+                        } else {
+                            r.allow.join(" ")
+                        }
+                    ),
+                    None => "network policy updated: all egress open".to_string(),
+                },
+            );
+            Ok(true)
+        })
     }
 }
