@@ -83,7 +83,9 @@ impl Fleet {
         d.dir.path().join("node")
     }
 
-    /// Waits until no sandbox is claimed and every warm pool is full again.
+    /// Waits until no sandbox is claimed and every warm pool is full again: each instance has
+    /// its process and has mounted its disk (a loop device is attached late in a boot, and a
+    /// released sandbox's device detaches a moment after its mount namespace is gone).
     pub async fn settle(&self, within: Duration) -> Res<()> {
         let deadline = std::time::Instant::now() + within;
         loop {
@@ -99,12 +101,17 @@ impl Fleet {
                 .iter()
                 .map(|n| crate::common::sandbox_processes(&Self::node_root(n)).len())
                 .sum();
-            if claimed == 0 && warm == NODES * POOL as usize && running == warm {
+            let loops: usize = self
+                .nodes
+                .iter()
+                .map(|n| loops_under(&Self::node_root(n)))
+                .sum();
+            if claimed == 0 && warm == NODES * POOL as usize && running == warm && loops == warm {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
                 return Err(format!(
-                    "the fleet did not settle: {claimed} claimed ({listed:?}), {warm} instance directories"
+                    "the fleet did not settle: {claimed} claimed ({listed:?}), {warm} instance directories, {running} with processes, {loops} loop devices"
                 )
                 .into());
             }
