@@ -24,7 +24,7 @@ fn envd_via(gw: &str, c: &Created) -> Envd {
     })
 }
 
-async fn status(
+pub async fn status(
     fleet: &Fleet,
     gw: usize,
     method: reqwest::Method,
@@ -275,7 +275,7 @@ async fn node_restarted(fleet: &mut Fleet) -> Res<Case> {
     })
 }
 
-fn first_line(s: &str) -> String {
+pub fn first_line(s: &str) -> String {
     s.lines()
         .next()
         .unwrap_or_default()
@@ -291,5 +291,6 @@ pub async fn faults(fleet: &mut Fleet) -> Res<Vec<Case>> {
     fleet.settle(Duration::from_secs(90)).await?;
     cases.push(node_restarted(fleet).await?);
     fleet.settle(Duration::from_secs(90)).await?;
+    cases.extend(crate::midway::cases(fleet).await?);
     Ok(cases)
 }

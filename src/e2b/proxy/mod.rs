@@ -174,6 +174,7 @@ fn route_failure(e: &crate::model::Error, published: &str) -> HttpResponse {
     }
 }
 const PORT_CLOSED: &str = "The sandbox is running but port is not open";
+const BROKEN: &str = "The connection to the sandbox's node broke";
 
 impl Proxy {
     async fn route(&self, e2b: &E2b, sandbox: &str) -> Result<Route, crate::model::Error> {
@@ -331,8 +332,11 @@ fn tunnel_failure(e: TunnelError, target: &Target, proxy: &Proxy) -> HttpRespons
             answer(502, &target.published, &format!("{NOT_FOUND}: {message}"))
         }
         TunnelError::Broken(message) => {
+            // Not "not found": the sandbox may live on (a connection that broke) or have gone
+            // with its node; the next request dials afresh and finds out.
             tracing::warn!(sandbox = %target.sandbox, %message, "data-plane tunnel failed");
-            answer(502, &target.published, &format!("{NOT_FOUND}: {message}"))
+            proxy.tunnels.forget(&target.sandbox);
+            answer(502, &target.published, &format!("{BROKEN}: {message}"))
         }
     }
 }
