@@ -478,13 +478,21 @@ impl Runtime for BuiltinRuntime {
                 .map_err(io_err("copying the sandbox's disk"))
         })
         .await;
-        if !paused {
-            self.resume(inst).await?;
+        // Thawed whatever the copy did: a full disk fails the snapshot, not the sandbox.
+        let resumed = if paused {
+            Ok(())
+        } else {
+            self.resume(inst).await
+        };
+        if let (Err(copy), Err(thaw)) = (&copied, &resumed) {
+            tracing::error!(instance = %inst.id, error = %thaw, copy = %copy, "a failed capture could not thaw the sandbox");
         }
-        if copied.is_err() {
+        let outcome = copied.and_then(|n| resumed.map(|_| n));
+        if outcome.is_err() {
+            // A half-copied image (the disk filled up) must not be left to look like a capture.
             let _ = std::fs::remove_dir_all(dest);
         }
-        copied
+        outcome
     }
 
     async fn usage(&self, inst: &Instance<BuiltinHandle>) -> Result<Usage> {
