@@ -471,7 +471,7 @@ impl Runtime for BuiltinRuntime {
         let dst_dir = dest.to_path_buf();
         let copied = blocking(move || {
             // Frozen and flushed: the image on the host is the layer as of this moment.
-            disk::sync_fs(&disk_mount).map_err(io_err("flushing the sandbox's disk"))?;
+            disk::sync_disk(&disk_mount, &src).map_err(io_err("flushing the sandbox's disk"))?;
             std::fs::create_dir(&dst_dir)
                 .map_err(io_err(format!("creating {}", dst_dir.display())))?;
             disk::copy_sparse(&src, &dst_dir.join(layout::DISK_IMAGE))

@@ -167,6 +167,27 @@ pub fn sync_fs(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Free space below which a host file system counts as full when a flush fails.
+const NEARLY_FULL: u64 = 1 << 20;
+
+/// `sync_fs` for the disk mounted at `mount` whose image is `image`. The loop device turns the
+/// image's ENOSPC on the host into an I/O error of the sandbox's file system, so an EIO while
+/// the host file system holding the image is (nearly) full is reported as what it is.
+pub fn sync_disk(mount: &Path, image: &Path) -> io::Result<()> {
+    sync_fs(mount).map_err(|e| {
+        let host = image.parent().unwrap_or(image);
+        let full = crate::fsx::filesystem_free(host).is_ok_and(|free| free < NEARLY_FULL);
+        if e.raw_os_error() == Some(libc::EIO) && full {
+            io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("the image could not be written ({e}): its file system has no space left"),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 /// (used, total) bytes of the file system holding `path`.
 pub fn usage(path: &Path) -> io::Result<(u64, u64)> {
     let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
