@@ -367,3 +367,114 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     assert!(dir_entries(&checkpoints).is_empty());
     assert_eq!(cgroup_instances(&node_dir), 0, "instance cgroups left");
 }
+
+/// The node a sandbox of the e2b API runs on (its `clientID`).
+fn node_of(sandbox: &Value) -> String {
+    sandbox["clientID"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_with_a_full_disk_sends_boots_to_the_next_node() {
+    let (tmp, token) = workspace();
+    let full_dir = tmp.path().join("full");
+    std::fs::create_dir_all(&full_dir).unwrap();
+    let _tmpfs = match Tmpfs::mount(&full_dir, TMPFS_BYTES) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED a_node_with_a_full_disk_sends_boots_to_the_next_node: cannot mount a tmpfs at {} ({e}); the test needs root with CAP_SYS_ADMIN",
+                full_dir.display()
+            );
+            return;
+        }
+    };
+    // No warm pools: every create boots, on the node with fewer claims first.
+    let flags = ["--pool", "base=0"];
+    let mut full = NodeProc::start("full", &full_dir, &token, "127.0.0.1:0", &flags);
+    let roomy_dir = tmp.path().join("roomy");
+    let mut roomy = NodeProc::start("roomy", &roomy_dir, &token, "127.0.0.1:0", &flags);
+    let token_arg = token.display().to_string();
+    let mut gw = Gateway::start(
+        tmp.path(),
+        &[
+            "--node",
+            &full.addr,
+            "--node",
+            &roomy.addr,
+            "--node-token-file",
+            &token_arg,
+        ],
+    );
+    for _ in 0..300 {
+        if gw.metric("sandbox_gateway_nodes_up").await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(gw.metric("sandbox_gateway_nodes_up").await, 2);
+    let create = json!({
+        "templateID": "base", "timeout": 600, "secure": true, "allow_internet_access": false
+    });
+
+    // A sandbox on each node (the second create goes to the node without one), so both have
+    // booted once; then the full node's is killed: it has fewer claims and is tried first.
+    let mut made: Vec<Value> = Vec::new();
+    while !made.iter().any(|s| node_of(s) == "full") {
+        assert!(made.len() < 6, "no create landed on node full: {made:?}");
+        made.push(gw.create(KEY_A, create.clone()).await);
+    }
+    let (on_full, kept): (Vec<Value>, Vec<Value>) =
+        made.into_iter().partition(|s| node_of(s) == "full");
+    for s in &on_full {
+        assert_eq!(
+            gw.kill(KEY_A, s["sandboxID"].as_str().unwrap()).await,
+            StatusCode::NO_CONTENT
+        );
+    }
+    let full_sandboxes = full.sandboxes_dir();
+    eventually(Duration::from_secs(15), "node full's sandbox gone", || {
+        dir_entries(&full_sandboxes).is_empty()
+    })
+    .await;
+    let kept = if kept.is_empty() {
+        vec![gw.create(KEY_A, create.clone()).await]
+    } else {
+        kept
+    };
+    assert!(kept.iter().all(|s| node_of(s) == "roomy"), "{kept:?}");
+    // The gateway's claim counts come from the nodes' reports (every second).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    let _filler = fill(&full_dir);
+    // Node full is preferred (no claims) and refuses with a full disk; roomy boots it.
+    let mut landed = Vec::new();
+    for _ in 0..2 {
+        let s = gw.create(KEY_A, create.clone()).await;
+        assert_eq!(node_of(&s), "roomy", "{s:?}");
+        landed.push(s);
+    }
+    assert!(
+        dir_entries(&full_sandboxes).is_empty(),
+        "the full node left {:?}",
+        dir_entries(&full_sandboxes)
+    );
+    assert_eq!(cgroup_instances(&full_dir), 0, "the full node left cgroups");
+
+    for s in kept.iter().chain(&landed) {
+        assert_eq!(
+            gw.kill(KEY_A, s["sandboxID"].as_str().unwrap()).await,
+            StatusCode::NO_CONTENT
+        );
+    }
+    gw.proc.terminate();
+    full.proc.terminate();
+    roomy.proc.terminate();
+    eventually(Duration::from_secs(10), "no process left", || {
+        processes_under(tmp.path()).is_empty()
+    })
+    .await;
+    for dir in [&full_sandboxes, &roomy.sandboxes_dir()] {
+        assert_no_leaks(dir, &[dir.to_path_buf()]).await;
+    }
+    assert_eq!(cgroup_instances(&roomy_dir), 0, "instance cgroups left");
+}
