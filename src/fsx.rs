@@ -7,7 +7,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Replaces `path` with `bytes` so that a reader (or a crash) sees the old or the new content,
-/// never a mix.
+/// never a mix. A failed write (a full disk, say) leaves `path` as it was and removes its
+/// temporary file, which would otherwise keep the space it took.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let file_name = path
@@ -18,7 +19,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         file_name.to_string_lossy(),
         std::process::id()
     ));
-    {
+    let written = (|| {
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -26,9 +27,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(bytes)?;
+        // On a full disk a delayed allocation can fail only here, so this is part of the write.
         f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    fs::rename(&tmp, path)?;
     if let Ok(d) = fs::File::open(dir) {
         // Makes the rename itself durable; not every file system supports syncing a directory.
         let _ = d.sync_all();
@@ -96,6 +102,12 @@ pub fn filesystem_capacity(path: &Path) -> io::Result<u64> {
     Ok(st.f_blocks as u64 * st.f_frsize as u64)
 }
 
+/// Bytes an unprivileged writer may still write on the file system holding `path`.
+pub fn filesystem_free(path: &Path) -> io::Result<u64> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
+    Ok(st.blocks_available() * st.fragment_size())
+}
+
 /// Reads a secret from `path`, or creates it (mode 0600) with `generate()` when the file does
 /// not exist. Returns the secret and whether it was created.
 pub fn load_or_create_secret(
@@ -161,6 +173,18 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
+        // A write that cannot finish keeps the old content and leaves no temporary file.
+        let blocker = tmp.path().join("dir-in-the-way");
+        fs::create_dir(&blocker).unwrap();
+        fs::write(blocker.join("x"), b"keep").unwrap();
+        assert!(write_atomic(&blocker, b"three").is_err());
+        assert_eq!(fs::read(blocker.join("x")).unwrap(), b"keep");
+        let stray: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+            .collect();
+        assert!(stray.is_empty(), "temporary files left: {stray:?}");
         let s = tmp.path().join("sub/token");
         let (a, created) = load_or_create_secret(&s, || "abc".into()).unwrap();
         assert!(created);

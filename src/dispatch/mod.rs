@@ -474,10 +474,16 @@ impl Dispatcher {
                         warm: reply.warm,
                     });
                 }
+                // A node whose disk is full refused before claiming anything (it removed
+                // what it had started), so another node may well boot the sandbox: the same
+                // as a node without room.
                 Err(e)
                     if matches!(
                         e.kind,
-                        ErrorKind::NoCapacity | ErrorKind::Unavailable | ErrorKind::NotFound
+                        ErrorKind::NoCapacity
+                            | ErrorKind::StorageFull
+                            | ErrorKind::Unavailable
+                            | ErrorKind::NotFound
                     ) =>
                 {
                     tracing::debug!(node = %node.label(), error = %e, "node refused a claim; trying another");
@@ -495,9 +501,14 @@ impl Dispatcher {
         match last_err {
             Some(e) if e.kind == ErrorKind::NotFound => Err(e),
             Some(e) if e.kind == ErrorKind::Unavailable && refused.len() == 1 => Err(e),
-            _ => Err(Error::no_capacity(format!(
-                "no node could take a claim for {key} (tried {})",
-                refused.join(", ")
+            // Every node refused: nothing was claimed, so this is "no capacity" (503 with
+            // Retry-After) even when disks were full; a full disk is the operator's to fix,
+            // the client's best move is to come back later. The last refusal says why.
+            last => Err(Error::no_capacity(format!(
+                "no node could take a claim for {key} (tried {}){}",
+                refused.join(", "),
+                last.map(|e| format!("; last refusal: {}", e.message))
+                    .unwrap_or_default()
             ))),
         }
     }

@@ -90,6 +90,8 @@ impl From<model::Error> for ApiError {
             ErrorKind::Invalid => StatusCode::BAD_REQUEST,
             ErrorKind::NoCapacity | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
+            // The SDKs raise NotEnoughSpaceException for 507.
+            ErrorKind::StorageFull => StatusCode::INSUFFICIENT_STORAGE,
             ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -106,6 +108,9 @@ impl From<model::Error> for ApiError {
                 out.error_code = Some("idempotency_outcome_unknown");
                 out.should_retry = Some(false);
             }
+            // No Retry-After: what hit the full disk (a snapshot, a fork) must happen on the
+            // sandbox's own node, which has room again only once someone frees some.
+            ErrorKind::StorageFull => out.error_code = Some("insufficient_storage"),
             ErrorKind::Internal => out.error_code = Some("internal_server_error"),
             _ => {}
         }
@@ -138,4 +143,25 @@ pub fn ensure_json<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHandler
     crate::httpx::json_error(res, |status, message| {
         ApiError::new(status, message).error_response()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_node_disk_is_507_without_retry_after() {
+        let e: ApiError = model::Error::storage_full("the node's data directory is full").into();
+        assert_eq!(e.status.as_u16(), 507);
+        assert_eq!(e.error_code, Some("insufficient_storage"));
+        assert_eq!(e.retry_after, None);
+        let res = e.error_response();
+        assert_eq!(res.status().as_u16(), 507);
+        assert!(res.headers().get(header::RETRY_AFTER).is_none());
+        assert_eq!(e.body().code, 507);
+        // No capacity stays 503 with Retry-After.
+        let busy: ApiError = model::Error::no_capacity("busy").into();
+        assert_eq!(busy.status.as_u16(), 503);
+        assert_eq!(busy.retry_after, Some(RETRY_AFTER_SECONDS));
+    }
 }

@@ -210,7 +210,8 @@ async fn create_route(
     responses((status = 201, body = wire::Sandbox), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody, description = "no node has capacity; Retry-After"),
-        (status = 504, body = ErrorBody, description = "outcome unknown; Should-Retry: false")),
+        (status = 504, body = ErrorBody, description = "outcome unknown; Should-Retry: false"),
+        (status = 507, body = ErrorBody, description = "from a snapshot: its node's data directory is full")),
     security(("ApiKeyAuth" = [])))]
 pub async fn create_v2(
     e2b: Data,
@@ -223,7 +224,8 @@ pub async fn create_v2(
 
 #[utoipa::path(post, path = "/sandboxes", tag = "sandboxes", request_body = wire::NewSandbox,
     responses((status = 201, body = wire::Sandbox), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 507, body = ErrorBody, description = "from a snapshot: its node's data directory is full")),
     security(("ApiKeyAuth" = [])))]
 pub async fn create_v1(
     e2b: Data,
@@ -533,7 +535,8 @@ pub async fn resume(
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/fork", tag = "sandboxes",
     params(("sandboxID" = String, Path)), request_body = wire::ForkRequest,
     responses((status = 201, body = [wire::ForkResult]), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 507, body = ErrorBody, description = "the sandbox's node's data directory is full")),
     security(("ApiKeyAuth" = [])))]
 pub async fn fork(
     e2b: Data,
@@ -567,7 +570,8 @@ pub async fn fork(
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/snapshots", tag = "snapshots",
     params(("sandboxID" = String, Path)), request_body = wire::SnapshotRequest,
     responses((status = 201, body = wire::SnapshotInfo), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody)),
+        (status = 404, body = ErrorBody),
+        (status = 507, body = ErrorBody, description = "the sandbox's node's data directory is full; nothing was kept")),
     security(("ApiKeyAuth" = [])))]
 pub async fn snapshot(
     e2b: Data,

@@ -271,6 +271,11 @@ impl From<model::Error> for KubeError {
             ErrorKind::Conflict => (409, "Conflict"),
             ErrorKind::NoCapacity | ErrorKind::Unavailable => (503, "ServiceUnavailable"),
             ErrorKind::OutcomeUnknown => (504, "Timeout"),
+            // metav1 has no reason for a full disk. Its reasons name the HTTP status they go
+            // with ("ServiceUnavailable", "TooManyRequests"), so 507 gets the status's own
+            // name: kubectl prints "Error from server (InsufficientStorage)", and client-go,
+            // which does not know the reason, goes by the code and does not retry a 507.
+            ErrorKind::StorageFull => (507, "InsufficientStorage"),
             ErrorKind::Unauthenticated => (401, "Unauthorized"),
             ErrorKind::Forbidden => (403, "Forbidden"),
             ErrorKind::Internal => return KubeError::internal(e.message),
@@ -316,6 +321,17 @@ mod tests {
         let v = serde_json::to_value(busy.status()).unwrap();
         assert_eq!(v["code"], 503);
         assert_eq!(v["details"]["retryAfterSeconds"], 1);
+        let full: KubeError =
+            model::Error::storage_full("the node's data directory is full").into();
+        let v = serde_json::to_value(full.status()).unwrap();
+        assert_eq!(v["code"], 507);
+        assert_eq!(v["reason"], "InsufficientStorage");
+        assert_eq!(v["status"], "Failure");
+        assert!(
+            full.retry_after.is_none(),
+            "a full disk is not a come-back-in-a-second"
+        );
+        assert_eq!(full.status_code().as_u16(), 507);
         let bad: KubeError = model::Error::invalid("fork count 17 not in 1..16").into();
         assert_eq!(bad.code, 400);
     }

@@ -17,6 +17,10 @@ pub enum ErrorKind {
     Unavailable,
     /// A call may or may not have taken effect (timeout after sending); must not be blindly retried.
     OutcomeUnknown,
+    /// The node's data directory is full (ENOSPC or EDQUOT): what was being written was
+    /// removed again, so nothing half-written is left or listed. Another node, or this one once
+    /// space is freed, can do the same request.
+    StorageFull,
     Unauthenticated,
     Forbidden,
     Internal,
@@ -32,6 +36,7 @@ impl ErrorKind {
             ErrorKind::NoCapacity => "no capacity",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::OutcomeUnknown => "outcome unknown",
+            ErrorKind::StorageFull => "no space",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::Forbidden => "forbidden",
             ErrorKind::Internal => "internal",
@@ -94,7 +99,61 @@ impl Error {
         }
     }
 
+    pub fn storage_full(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::StorageFull, message)
+    }
+
+    /// An I/O failure while doing `what`. A full file system (ENOSPC, or EDQUOT for a quota)
+    /// is the node's storage running out, not a bug: it gets a kind of its own so clients
+    /// learn that the request may succeed elsewhere or later. Everything else is internal.
     pub fn io(what: impl fmt::Display, err: std::io::Error) -> Self {
-        Self::internal(format!("{what}: {err}"))
+        if is_storage_full(&err) {
+            Self::storage_full(format!(
+                "the node's data directory is full (no space left on device) while {what}: {err}"
+            ))
+        } else {
+            Self::internal(format!("{what}: {err}"))
+        }
+    }
+}
+
+/// Whether `err` says the file system (or the writer's quota on it) has no room left.
+pub fn is_storage_full(err: &std::io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || matches!(
+            err.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_its_own_kind_and_says_so() {
+        for errno in [libc::ENOSPC, libc::EDQUOT] {
+            let e = Error::io(
+                "copying the sandbox's disk",
+                std::io::Error::from_raw_os_error(errno),
+            );
+            assert_eq!(e.kind, ErrorKind::StorageFull, "errno {errno}");
+            assert!(e.message.contains("data directory is full"), "{e}");
+            assert!(e.message.contains("copying the sandbox's disk"), "{e}");
+        }
+        assert_eq!(ErrorKind::StorageFull.as_str(), "no space");
+        // Wrapping keeps the kind (a context added on the way up must not turn it into a 500).
+        let wrapped = Error::io("x", std::io::Error::from_raw_os_error(libc::ENOSPC)).context("y");
+        assert_eq!(wrapped.kind, ErrorKind::StorageFull);
+    }
+
+    #[test]
+    fn other_io_errors_stay_internal() {
+        for errno in [libc::EIO, libc::EACCES, libc::ENOENT, libc::EROFS] {
+            let e = Error::io("x", std::io::Error::from_raw_os_error(errno));
+            assert_eq!(e.kind, ErrorKind::Internal, "errno {errno}");
+        }
+        let e = Error::io("x", std::io::Error::other("no space left, says a message"));
+        assert_eq!(e.kind, ErrorKind::Internal, "only the errno decides");
     }
 }

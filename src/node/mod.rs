@@ -625,9 +625,19 @@ impl<R: Runtime> Node<R> {
     /// Writes the index now. Claims rely on the background writer; checkpoints, which must
     /// survive a crash right after they were reported, call this before answering.
     pub(crate) async fn persist_now(&self) -> Result<()> {
+        self.persist_with(None).await
+    }
+
+    /// Writes the index with `adding` in it, and only once that write succeeded puts `adding`
+    /// among the node's checkpoints (still as the one writer, so no later write can miss it).
+    /// A write that fails (a full disk) leaves the file as it was and memory without the
+    /// checkpoint: nothing lists what the index does not hold.
+    async fn persist_with(&self, adding: Option<CheckpointRecord>) -> Result<()> {
         let _one_writer = self.inner.persist_lock.lock().await;
         let index = {
             let st = self.state();
+            let mut checkpoints: Vec<CheckpointRecord> = st.checkpoints.values().cloned().collect();
+            checkpoints.extend(adding.iter().cloned());
             IndexFile {
                 version: store::INDEX_VERSION,
                 node: self.name().to_string(),
@@ -639,14 +649,18 @@ impl<R: Runtime> Node<R> {
                         instance: c.instance.clone(),
                     })
                     .collect(),
-                checkpoints: st.checkpoints.values().cloned().collect(),
+                checkpoints,
                 lost: st.lost.iter().cloned().collect(),
             }
         };
         let path = self.inner.paths.index.clone();
         tokio::task::spawn_blocking(move || index.save(&path))
             .await
-            .map_err(|e| Error::internal(format!("persist task failed: {e}")))?
+            .map_err(|e| Error::internal(format!("persist task failed: {e}")))??;
+        if let Some(ck) = adding {
+            self.state().checkpoints.insert(ck.id.clone(), ck);
+        }
+        Ok(())
     }
 
     async fn persist_loop(self) {

@@ -447,11 +447,21 @@ impl<R: Runtime> Node<R> {
         }
         let ck_id = ids::new_checkpoint_id();
         let dest = self.inner.paths.checkpoints.join(&ck_id);
-        let size = self
+        let size = match self
             .inner
             .runtime
             .capture(&inst, source.phase == Phase::Paused, &dest)
-            .await?;
+            .await
+        {
+            Ok(size) => size,
+            Err(e) => {
+                // Runtimes remove a failed capture themselves; this makes sure no partial
+                // image (a full disk's, typically) outlives the answer under checkpoints/.
+                let _ = tokio::fs::remove_dir_all(&dest).await;
+                tracing::warn!(id, checkpoint = %ck_id, error = %e, "snapshot failed; nothing was kept");
+                return Err(e);
+            }
+        };
         if used + size > budget {
             let _ = tokio::fs::remove_dir_all(&dest).await;
             return Err(over_budget(used + size));
@@ -470,11 +480,9 @@ impl<R: Runtime> Node<R> {
             node: self.name().to_string(),
             template_id,
         };
-        self.state()
-            .checkpoints
-            .insert(record.id.clone(), record.clone());
-        if let Err(e) = self.persist_now().await {
-            self.state().checkpoints.remove(&record.id);
+        // Listed only once the index on disk holds it: a record that could not be written
+        // (a full disk) is never seen, and its data goes with it.
+        if let Err(e) = self.persist_with(Some(record.clone())).await {
             let _ = tokio::fs::remove_dir_all(&dest).await;
             return Err(e.context("recording the checkpoint"));
         }
@@ -518,9 +526,9 @@ impl<R: Runtime> Node<R> {
                 self.name()
             )));
         }
-        self.persist_now().await?;
+        let persisted = self.persist_now().await;
         let dir = self.inner.paths.checkpoints.join(id);
-        tokio::fs::remove_dir_all(&dir)
+        let removed = tokio::fs::remove_dir_all(&dir)
             .await
             .or_else(|e| {
                 if e.kind() == std::io::ErrorKind::NotFound {
@@ -529,7 +537,20 @@ impl<R: Runtime> Node<R> {
                     Err(e)
                 }
             })
-            .map_err(|e| Error::io(format!("removing {}", dir.display()), e))
+            .map_err(|e| Error::io(format!("removing {}", dir.display()), e));
+        if let Err(e) = persisted {
+            // Deleting is how space is freed on a full disk, so it must not depend on the
+            // index write. The data is gone now; an older index that still names the
+            // checkpoint is corrected on load (records without data are dropped), and the
+            // write is retried with the space just freed.
+            tracing::warn!(checkpoint = id, error = %e, "writing the index before removing a checkpoint failed; removing its data anyway");
+            removed?;
+            if let Err(e) = self.persist_now().await {
+                tracing::warn!(checkpoint = id, error = %e, "the index still names a removed checkpoint until its next write");
+            }
+            return Ok(());
+        }
+        removed
     }
 
     /// Measured use of one sandbox: CPU since the previous call (or since the claim), its

@@ -1,5 +1,6 @@
 //! Conversions between wire messages and domain records, and between gRPC status codes and
-//! the shared error type (one code per kind, both ways).
+//! the shared error type (one code per kind, both ways; a full node disk shares
+//! RESOURCE_EXHAUSTED with "no capacity" and is told apart by a status metadata entry).
 
 use chrono::{DateTime, Utc};
 use tonic::{Code, Status};
@@ -20,7 +21,7 @@ fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::Invalid => Code::InvalidArgument,
         ErrorKind::Conflict => Code::FailedPrecondition,
-        ErrorKind::NoCapacity => Code::ResourceExhausted,
+        ErrorKind::NoCapacity | ErrorKind::StorageFull => Code::ResourceExhausted,
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::OutcomeUnknown => Code::DeadlineExceeded,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
@@ -46,16 +47,40 @@ fn kind_of(code: Code) -> ErrorKind {
     }
 }
 
+/// Status metadata naming a kind more precisely than its code. gRPC has no code of its own for
+/// "the disk is full": RESOURCE_EXHAUSTED is the standard one for it (and for quotas), which
+/// this protocol already gives NoCapacity. Both mean "nothing was done; another node may
+/// succeed", so they share the code and the entry refines it. A gateway that does not know the
+/// entry still reads NoCapacity, which routes and answers (503, retry) correctly; a new code
+/// from a spare one (DATA_LOSS, OUT_OF_RANGE) would be misread by it as a 500 or a 400.
+const KIND_METADATA: &str = "x-sandbox-error-kind";
+const STORAGE_FULL: &str = "storage-full";
+
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
-        Status::new(code_of(e.kind), e.message)
+        let mut status = Status::new(code_of(e.kind), e.message);
+        if e.kind == ErrorKind::StorageFull {
+            status.metadata_mut().insert(
+                KIND_METADATA,
+                tonic::metadata::MetadataValue::from_static(STORAGE_FULL),
+            );
+        }
+        status
     }
 }
 
 /// The error a status a node sent stands for. Transport failures are classified by the caller,
 /// which knows whether the request could have reached the node.
 pub fn error_from_status(status: &Status) -> Error {
-    Error::new(kind_of(status.code()), status.message().to_string())
+    let refined = status
+        .metadata()
+        .get(KIND_METADATA)
+        .and_then(|v| v.to_str().ok());
+    let kind = match (status.code(), refined) {
+        (Code::ResourceExhausted, Some(STORAGE_FULL)) => ErrorKind::StorageFull,
+        (code, _) => kind_of(code),
+    };
+    Error::new(kind, status.message().to_string())
 }
 
 impl From<&model::PoolKey> for super::PoolKey {
@@ -459,6 +484,7 @@ mod tests {
             ErrorKind::NoCapacity,
             ErrorKind::Unavailable,
             ErrorKind::OutcomeUnknown,
+            ErrorKind::StorageFull,
             ErrorKind::Unauthenticated,
             ErrorKind::Forbidden,
             ErrorKind::Internal,
@@ -468,6 +494,33 @@ mod tests {
             assert_eq!(back.kind, kind);
             assert_eq!(back.message, "m");
         }
+    }
+
+    #[test]
+    fn a_full_disk_crosses_the_wire_as_resource_exhausted_with_its_marker() {
+        let status: Status = Error::storage_full("data directory is full").into();
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(
+            status
+                .metadata()
+                .get(KIND_METADATA)
+                .and_then(|v| v.to_str().ok()),
+            Some(STORAGE_FULL)
+        );
+        // Through the real HTTP/2 trailer encoding and back, as a gateway receives it.
+        let wire = status.into_http::<()>();
+        let back = error_from_status(&Status::from_header_map(wire.headers()).unwrap());
+        assert_eq!(back.kind, ErrorKind::StorageFull);
+        assert_eq!(back.message, "data directory is full");
+        // No capacity carries no marker, and a marker on another code is ignored.
+        let busy: Status = Error::no_capacity("busy").into();
+        assert!(busy.metadata().get(KIND_METADATA).is_none());
+        let mut odd = Status::internal("x");
+        odd.metadata_mut().insert(
+            KIND_METADATA,
+            tonic::metadata::MetadataValue::from_static(STORAGE_FULL),
+        );
+        assert_eq!(error_from_status(&odd).kind, ErrorKind::Internal);
     }
 }
 

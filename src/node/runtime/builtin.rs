@@ -471,20 +471,28 @@ impl Runtime for BuiltinRuntime {
         let dst_dir = dest.to_path_buf();
         let copied = blocking(move || {
             // Frozen and flushed: the image on the host is the layer as of this moment.
-            disk::sync_fs(&disk_mount).map_err(io_err("flushing the sandbox's disk"))?;
+            disk::sync_disk(&disk_mount, &src).map_err(io_err("flushing the sandbox's disk"))?;
             std::fs::create_dir(&dst_dir)
                 .map_err(io_err(format!("creating {}", dst_dir.display())))?;
             disk::copy_sparse(&src, &dst_dir.join(layout::DISK_IMAGE))
                 .map_err(io_err("copying the sandbox's disk"))
         })
         .await;
-        if !paused {
-            self.resume(inst).await?;
+        // Thawed whatever the copy did: a full disk fails the snapshot, not the sandbox.
+        let resumed = if paused {
+            Ok(())
+        } else {
+            self.resume(inst).await
+        };
+        if let (Err(copy), Err(thaw)) = (&copied, &resumed) {
+            tracing::error!(instance = %inst.id, error = %thaw, copy = %copy, "a failed capture could not thaw the sandbox");
         }
-        if copied.is_err() {
+        let outcome = copied.and_then(|n| resumed.map(|_| n));
+        if outcome.is_err() {
+            // A half-copied image (the disk filled up) must not be left to look like a capture.
             let _ = std::fs::remove_dir_all(dest);
         }
-        copied
+        outcome
     }
 
     async fn usage(&self, inst: &Instance<BuiltinHandle>) -> Result<Usage> {

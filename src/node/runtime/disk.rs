@@ -57,30 +57,59 @@ impl Disks {
             crate::model::ids::random_hex(6)
         ));
         let _ = fs::remove_file(&tmp);
-        File::create(&tmp)?.set_len(bytes)?;
+        // Whatever fails (mkfs on a full disk, typically), no half-made image stays behind.
+        let made = self
+            .make(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, &path));
+        if made.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        made.map(|()| path)
+    }
+
+    fn make(&self, image: &Path, bytes: u64) -> io::Result<()> {
+        File::create(image)?.set_len(bytes)?;
         let out = Command::new(&self.mkfs)
             .args(["-q", "-F", "-m", "0", "-E"])
             .arg("lazy_itable_init=1,lazy_journal_init=1,nodiscard")
             .args(["-O", "^has_journal"])
-            .arg(&tmp)
+            .arg(image)
             .output()?;
-        if !out.status.success() {
-            let _ = fs::remove_file(&tmp);
-            return Err(io::Error::other(format!(
-                "mkfs.ext4 failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+        if out.status.success() {
+            return Ok(());
         }
-        fs::rename(&tmp, &path)?;
-        Ok(path)
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(io::Error::new(
+            mkfs_error_kind(&stderr),
+            format!("mkfs.ext4 failed: {}", stderr.trim()),
+        ))
+    }
+}
+
+/// mkfs reports a full disk only in its output; the kind lets callers tell it from a bug.
+fn mkfs_error_kind(stderr: &str) -> io::ErrorKind {
+    if stderr.to_lowercase().contains("no space left on device") {
+        io::ErrorKind::StorageFull
+    } else {
+        io::ErrorKind::Other
     }
 }
 
 /// Copies `src` to `dst` (which must not exist) skipping holes; returns the bytes of data
-/// copied. The destination has the same length as the source.
+/// copied. The destination has the same length as the source. A copy that fails (the disk
+/// filled up) removes its partial destination.
 pub fn copy_sparse(src: &Path, dst: &Path) -> io::Result<u64> {
     let from = File::open(src)?;
     let to = OpenOptions::new().write(true).create_new(true).open(dst)?;
+    let copied = copy_data(&from, &to);
+    if copied.is_err() {
+        drop(to);
+        let _ = fs::remove_file(dst);
+    }
+    copied
+}
+
+fn copy_data(from: &File, to: &File) -> io::Result<u64> {
     let len = from.metadata()?.len();
     to.set_len(len)?;
     let (fi, fo) = (from.as_raw_fd(), to.as_raw_fd());
@@ -138,6 +167,27 @@ pub fn sync_fs(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Free space below which a host file system counts as full when a flush fails.
+const NEARLY_FULL: u64 = 1 << 20;
+
+/// `sync_fs` for the disk mounted at `mount` whose image is `image`. The loop device turns the
+/// image's ENOSPC on the host into an I/O error of the sandbox's file system, so an EIO while
+/// the host file system holding the image is (nearly) full is reported as what it is.
+pub fn sync_disk(mount: &Path, image: &Path) -> io::Result<()> {
+    sync_fs(mount).map_err(|e| {
+        let host = image.parent().unwrap_or(image);
+        let full = crate::fsx::filesystem_free(host).is_ok_and(|free| free < NEARLY_FULL);
+        if e.raw_os_error() == Some(libc::EIO) && full {
+            io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("the image could not be written ({e}): its file system has no space left"),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 /// (used, total) bytes of the file system holding `path`.
 pub fn usage(path: &Path) -> io::Result<(u64, u64)> {
     let s = nix::sys::statvfs::statvfs(path).map_err(io::Error::from)?;
@@ -151,6 +201,15 @@ pub fn usage(path: &Path) -> io::Result<(u64, u64)> {
 mod tests {
     use super::*;
     use std::io::{Seek, SeekFrom, Write};
+
+    #[test]
+    fn mkfs_running_out_of_space_is_a_full_disk() {
+        assert_eq!(
+            mkfs_error_kind("ext2fs_write_inode: No space left on device while writing"),
+            io::ErrorKind::StorageFull
+        );
+        assert_eq!(mkfs_error_kind("bad blocks"), io::ErrorKind::Other);
+    }
 
     #[test]
     fn sparse_copies_keep_data_and_holes() {

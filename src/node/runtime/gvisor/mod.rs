@@ -639,13 +639,37 @@ impl Runtime for GvisorRuntime {
             // The pause's own image is the state to branch from.
             let src = inst.dir.join(IMAGE_DIR);
             std::fs::create_dir(dest).map_err(io_err("creating the checkpoint directory"))?;
-            let mut total = 0;
-            for e in std::fs::read_dir(&src).map_err(io_err("reading the paused image"))? {
-                let e = e.map_err(io_err("reading the paused image"))?;
-                total += std::fs::copy(e.path(), dest.join(e.file_name()))
-                    .map_err(io_err("copying the paused image"))?;
+            let copied = (|| {
+                let mut total = 0;
+                for e in std::fs::read_dir(&src).map_err(io_err("reading the paused image"))? {
+                    let e = e.map_err(io_err("reading the paused image"))?;
+                    total += std::fs::copy(e.path(), dest.join(e.file_name()))
+                        .map_err(io_err("copying the paused image"))?;
+                }
+                Ok(total)
+            })();
+            if copied.is_err() {
+                // A partial copy (the disk filled up) is no checkpoint.
+                let _ = std::fs::remove_dir_all(dest);
             }
-            return Ok(total);
+            return copied;
+        }
+        // runsc stops the sandbox to checkpoint it and restarts it from the image; an image cut
+        // short by a full disk cannot restart it. So a data directory with less room than the
+        // sandbox's memory (what the image holds, at most) refuses before anything is stopped.
+        let needed = Cgroups::measure(&inst.handle.cgroup)
+            .memory_bytes
+            .unwrap_or(0);
+        let parent = dest.parent().unwrap_or(dest);
+        if let Ok(free) = crate::fsx::filesystem_free(parent)
+            && free < needed
+        {
+            return Err(Error::storage_full(format!(
+                "the node's data directory is full: a snapshot of sandbox {} needs up to {} MiB and {} MiB are free",
+                inst.id,
+                needed.div_ceil(1 << 20),
+                free >> 20
+            )));
         }
         // runsc stops what it checkpoints; the source continues from the very image.
         let size = self.checkpoint_to(inst, dest).await;

@@ -130,6 +130,12 @@ impl Runsc {
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("");
+            // runsc reports a full disk (writing a checkpoint image, say) only in its output.
+            if stderr.to_lowercase().contains("no space left on device") {
+                return Err(Error::storage_full(format!(
+                    "the node's data directory is full: runsc {what} failed: {last}"
+                )));
+            }
             return Err(Error::internal(format!("runsc {what} failed: {last}")));
         }
         Ok(())
