@@ -243,7 +243,9 @@ pub struct ServeArgs {
     /// --node). No embedded node is started.
     #[arg(long)]
     pub discover_nodes: bool,
-    /// A node whose NodeInventory was published longer ago than this leaves claims and lists.
+    /// A node whose NodeInventory was published longer ago than this leaves claims and lists
+    /// (time without a working list+watch does not count). Keep it above the nodes'
+    /// publish interval plus 30 s, their longest retry after a failed publish.
     #[arg(long, default_value_t = 90)]
     pub inventory_stale_seconds: u64,
     /// Where unpinned lists and watches learn discovered nodes' sandboxes from: `inventory`

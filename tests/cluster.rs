@@ -479,3 +479,404 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
     cluster.handle.stop(true).await;
     assert_no_leaks(tmp.path(), &[n1.sandboxes_dir(), n2.sandboxes_dir()]).await;
 }
+
+// ----- kube-apiserver unavailable (the reliability issue's fault matrix) -----
+
+/// The e2b create the outage test makes: a lifetime well past the test's.
+async fn create_for(gw: &Gateway) -> (StatusCode, Option<String>, Duration) {
+    let started = Instant::now();
+    let r = gw
+        .call(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "base", "timeout": 1800})),
+        )
+        .await;
+    let id = r.body["sandboxID"].as_str().map(str::to_string);
+    (r.status, id, started.elapsed())
+}
+
+fn published_at(obj: &Value) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(obj["publishedAt"].as_str().expect("publishedAt"))
+        .expect("an RFC 3339 publishedAt")
+        .to_utc()
+}
+
+fn resource_version(obj: &Value) -> u64 {
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("a resourceVersion")
+}
+
+/// Log lines of `proc` containing `needle`.
+fn log_count(proc: &Proc, needle: &str) -> usize {
+    proc.stderr_lines()
+        .iter()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+/// What the client saw, for the reliability report.
+#[derive(Default)]
+struct Seen {
+    by_op: std::collections::BTreeMap<(&'static str, u16), (usize, Duration)>,
+}
+
+impl Seen {
+    fn note(&mut self, op: &'static str, status: StatusCode, took: Duration) {
+        let e = self.by_op.entry((op, status.as_u16())).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(took);
+    }
+
+    fn report(&self) -> String {
+        self.by_op
+            .iter()
+            .map(|((op, status), (n, max))| format!("{op} {status}: {n} (max {max:?})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// kube-apiserver is unavailable for a minute (503 to everything, watches cut), then
+/// refuses connections for a while: sandboxes keep working through both gateways, neither
+/// drops a node it knew, nodes and gateways retry with backoff, and once it is back the
+/// nodes' objects are fresh again, the watches resume (a node started during the outage and
+/// one started after it are discovered) and every sandbox is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apiserver_unavailable_for_a_minute() {
+    const OUTAGE: Duration = Duration::from_secs(60);
+    const REFUSED: Duration = Duration::from_secs(20);
+    let (tmp, token) = workspace();
+    let mut cluster = fake_kube::start(tmp.path());
+    let kubeconfig = cluster.node_kubeconfig.display().to_string();
+    let gateway_kubeconfig = cluster.gateway_kubeconfig.display().to_string();
+    let publish = [
+        "--pool",
+        "base/egress=1",
+        "--pool",
+        "base=0",
+        "--publish-inventory",
+        "--publish-interval-seconds",
+        "1",
+        "--kubeconfig",
+        &kubeconfig,
+    ];
+    let node = |name: &str| {
+        NodeProc::start(
+            name,
+            &tmp.path().join(name),
+            &token,
+            "127.0.0.1:0",
+            &publish,
+        )
+    };
+    let mut nodes = vec![node("n1"), node("n2")];
+    let token_arg = token.display().to_string();
+    // A staleness bound well below the outage: without the fix both gateways would drop
+    // every node 20 s in.
+    let gw_flags = [
+        "--discover-nodes",
+        "--kubeconfig",
+        &gateway_kubeconfig,
+        "--inventory-stale-seconds",
+        "20",
+        "--node-token-file",
+        &token_arg,
+    ];
+    let mut gws = [
+        Gateway::start_named(tmp.path(), "gw1", &gw_flags),
+        Gateway::start_named(tmp.path(), "gw2", &gw_flags),
+    ];
+    let known = async |gw: &Gateway| gw.metric("sandbox_gateway_nodes_known").await;
+    let up = async |gw: &Gateway| gw.metric("sandbox_gateway_nodes_up").await;
+    for gw in &gws {
+        until(
+            "n1 and n2 discovered",
+            Duration::from_secs(20),
+            async || known(gw).await == 2 && up(gw).await == 2,
+        )
+        .await;
+    }
+
+    // Sandboxes before the outage; the other replica lists them from the inventories.
+    let mut kept: Vec<String> = Vec::new();
+    for i in 0..4 {
+        let (status, id, _) = create_for(&gws[i % 2]).await;
+        assert_eq!(status, StatusCode::CREATED);
+        kept.push(id.unwrap());
+    }
+    for gw in &gws {
+        until(
+            "the first sandboxes listed",
+            Duration::from_secs(20),
+            async || {
+                let listed = listed_ids(gw).await;
+                kept.iter().all(|id| listed.contains(id))
+            },
+        )
+        .await;
+    }
+
+    // ----- 503 to everything for a minute -----
+    let rv_before = cluster.kube.resource_version();
+    let requests_before = cluster.kube.requests().len();
+    let logs_before: Vec<usize> = nodes
+        .iter()
+        .map(|n| log_count(&n.proc, "publishing the node inventory failed"))
+        .collect();
+    cluster.outage(true);
+    let down_at = Instant::now();
+    let mut seen = Seen::default();
+    // Made by each replica during the outage (it lists its own at once).
+    let mut made_by: [Vec<String>; 2] = [Vec::new(), Vec::new()];
+    let mut round = 0usize;
+    while down_at.elapsed() < OUTAGE {
+        if round == 3 {
+            // A node that starts while the apiserver is down: it serves, and publishes
+            // once it can.
+            nodes.push(node("n3"));
+        }
+        let (a, b) = (round % 2, (round + 1) % 2);
+        // Create through one replica, get it through both; create another and delete it
+        // through the other replica.
+        let (status, id, took) = create_for(&gws[a]).await;
+        seen.note("create", status, took);
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "create {:?} into the outage",
+            down_at.elapsed()
+        );
+        let id = id.unwrap();
+        for gw in &gws {
+            let started = Instant::now();
+            let got = gw.get(KEY_A, &id).await;
+            seen.note("get", got.status, started.elapsed());
+            assert_eq!(got.status, StatusCode::OK, "{:?}", got.body);
+        }
+        made_by[a].push(id.clone());
+        kept.push(id);
+        let (status, doomed, took) = create_for(&gws[a]).await;
+        seen.note("create", status, took);
+        assert_eq!(status, StatusCode::CREATED);
+        let started = Instant::now();
+        let status = gws[b].kill(KEY_A, &doomed.unwrap()).await;
+        seen.note("delete", status, started.elapsed());
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        // Neither replica drops a node because it cannot refresh its object.
+        for gw in &gws {
+            assert_eq!(
+                known(gw).await,
+                2,
+                "nodes known {:?} into the outage",
+                down_at.elapsed()
+            );
+            assert_eq!(
+                up(gw).await,
+                2,
+                "nodes up {:?} into the outage",
+                down_at.elapsed()
+            );
+        }
+        round += 1;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // Each replica lists what it knew and what it made meanwhile.
+    for (i, gw) in gws.iter().enumerate() {
+        let started = Instant::now();
+        let listed = listed_ids(gw).await;
+        seen.note("list", StatusCode::OK, started.elapsed());
+        for id in kept[..4].iter().chain(&made_by[i]) {
+            assert!(
+                listed.contains(id),
+                "gw{} lists {id} during the outage",
+                i + 1
+            );
+        }
+    }
+    let outage_requests: Vec<fake_kube::Request> = cluster.kube.requests()[requests_before..]
+        .iter()
+        .filter(|r| r.at >= down_at)
+        .cloned()
+        .collect();
+    cluster.outage(false);
+    let up_at = Instant::now();
+    let back = chrono::Utc::now();
+    let rv_back = cluster.kube.resource_version();
+    assert_eq!(rv_back, rv_before, "nothing was written during the outage");
+    let by_token = |token: &str| outage_requests.iter().filter(|r| r.token == token).count();
+    assert!(
+        outage_requests.iter().all(|r| r.status == 503),
+        "every request in the outage was refused"
+    );
+    // Everyone kept retrying, and with backoff: about one attempt per 10 s per process (the
+    // kube client's own retries make each attempt a short burst of requests).
+    let (node_requests, gateway_requests) = (by_token("node-sa"), by_token("gateway-sa"));
+    assert!(node_requests > 0 && gateway_requests > 0);
+    for (i, n) in nodes.iter().enumerate().take(2) {
+        let lines = log_count(&n.proc, "publishing the node inventory failed") - logs_before[i];
+        assert!(
+            (1..=15).contains(&lines),
+            "{}: {lines} publish failures logged in a minute",
+            n.name
+        );
+    }
+    for gw in &gws {
+        let lines = log_count(&gw.proc, "NodeInventory list+watch failed");
+        assert!((1..=15).contains(&lines), "{lines} watch failures logged");
+    }
+
+    // ----- back: the objects are fresh again, the watches resume -----
+    until(
+        "every node republished",
+        Duration::from_secs(30),
+        async || {
+            ["n1", "n2", "n3"].iter().all(|n| {
+                cluster
+                    .kube
+                    .object(n)
+                    .is_some_and(|o| resource_version(&o) > rv_back && published_at(&o) >= back)
+            })
+        },
+    )
+    .await;
+    let republished = up_at.elapsed();
+    for gw in &gws {
+        // n3 started during the outage: the first the gateways hear of it is after it.
+        until(
+            "n3 discovered after the outage",
+            Duration::from_secs(30),
+            async || known(gw).await == 3 && up(gw).await == 3,
+        )
+        .await;
+    }
+    let rediscovered = up_at.elapsed();
+    // A node started after the outage is discovered too.
+    nodes.push(node("n4"));
+    for gw in &gws {
+        until("n4 discovered", Duration::from_secs(30), async || {
+            known(gw).await == 4
+        })
+        .await;
+    }
+    // Nothing is lost: each replica lists every sandbox, also those the other made during
+    // the outage (which it learns only from the republished inventories).
+    for gw in &gws {
+        until(
+            "every sandbox listed after the outage",
+            Duration::from_secs(20),
+            async || {
+                let listed = listed_ids(gw).await;
+                kept.iter().all(|id| listed.contains(id))
+            },
+        )
+        .await;
+    }
+
+    // ----- connections refused for a while (the apiserver process gone) -----
+    let before_refused = cluster.kube.resource_version();
+    cluster.refuse_connections().await;
+    let refused_at = Instant::now();
+    let mut refused_seen = Seen::default();
+    while refused_at.elapsed() < REFUSED {
+        let (status, id, took) = create_for(&gws[0]).await;
+        refused_seen.note("create", status, took);
+        assert_eq!(status, StatusCode::CREATED);
+        let id = id.unwrap();
+        let started = Instant::now();
+        let got = gws[1].get(KEY_A, &id).await;
+        refused_seen.note("get", got.status, started.elapsed());
+        assert_eq!(got.status, StatusCode::OK);
+        kept.push(id);
+        for gw in &gws {
+            assert_eq!(
+                known(gw).await,
+                4,
+                "nodes known {:?} into refusals",
+                refused_at.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    cluster.accept_connections().await;
+    let accepted_at = Instant::now();
+    until(
+        "every node republished after refusals",
+        Duration::from_secs(30),
+        async || {
+            ["n1", "n2", "n3", "n4"].iter().all(|n| {
+                cluster
+                    .kube
+                    .object(n)
+                    .is_some_and(|o| resource_version(&o) > before_refused)
+            })
+        },
+    )
+    .await;
+    for gw in &gws {
+        until(
+            "every sandbox listed after refusals",
+            Duration::from_secs(30),
+            async || {
+                let listed = listed_ids(gw).await;
+                kept.iter().all(|id| listed.contains(id))
+            },
+        )
+        .await;
+    }
+    let refused_recovered = accepted_at.elapsed();
+
+    // No node ever left either replica's fleet, nobody exited or panicked.
+    for gw in &mut gws {
+        assert!(gw.proc.running(), "the gateway is still up");
+        let logs = gw.proc.stderr_lines();
+        assert!(
+            !logs.iter().any(|l| l.contains("node left the fleet")),
+            "{:?}",
+            logs.iter()
+                .filter(|l| l.contains("left"))
+                .collect::<Vec<_>>()
+        );
+        assert!(!logs.iter().any(|l| l.contains("panicked")));
+    }
+    for n in &mut nodes {
+        assert!(n.proc.running(), "{} is still up", n.name);
+        assert!(!n.proc.stderr_lines().iter().any(|l| l.contains("panicked")));
+    }
+    for id in &kept {
+        let got = gws[1].get(KEY_A, id).await;
+        assert_eq!(got.status, StatusCode::OK, "{id}: {:?}", got.body);
+    }
+
+    eprintln!(
+        "apiserver outage report: 503 for {OUTAGE:?}: {}; requests during it: nodes {node_requests}, gateways {gateway_requests} (all 503); \
+         publish-failure log lines per node {:?}, watch-failure log lines per gateway {:?}; \
+         objects republished {republished:?} after it ended, n3 discovered {rediscovered:?} after; \
+         connections refused for {REFUSED:?}: {}; all republished and listed {refused_recovered:?} after",
+        seen.report(),
+        nodes
+            .iter()
+            .map(|n| log_count(&n.proc, "publishing the node inventory failed"))
+            .collect::<Vec<_>>(),
+        gws.iter()
+            .map(|g| log_count(&g.proc, "NodeInventory list+watch failed"))
+            .collect::<Vec<_>>(),
+        refused_seen.report(),
+    );
+
+    for id in &kept {
+        assert_eq!(gws[0].kill(KEY_A, id).await, StatusCode::NO_CONTENT, "{id}");
+    }
+    for gw in &mut gws {
+        gw.proc.terminate();
+    }
+    let dirs: Vec<_> = nodes.iter().map(|n| n.sandboxes_dir()).collect();
+    for n in &mut nodes {
+        n.proc.terminate();
+    }
+    cluster.handle.stop(true).await;
+    assert_no_leaks(tmp.path(), &dirs).await;
+}

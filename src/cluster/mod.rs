@@ -1,6 +1,7 @@
 //! Cluster mode: nodes publish a NodeInventory object each, gateways discover nodes (and, by
 //! default, build unpinned lists) from those objects. Kubernetes is the only shared state.
 
+pub mod backoff;
 pub mod discover;
 pub mod inventory;
 pub mod publish;

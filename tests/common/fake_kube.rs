@@ -1,15 +1,17 @@
 //! A wire-level fake of kube-apiserver for NodeInventory objects. There is no kube-apiserver
 //! on these machines, so tests and the benchmark use this: an HTTPS server that stores
 //! objects, answers server-side apply (PATCH with `application/apply-patch+yaml`), lists with a
-//! resource version, streams watch events from one, and records who used which verb.
+//! resource version, streams watch events from one, and records who used which verb. It can
+//! also be made unavailable and brought back (`FakeCluster::outage`, `refuse_connections`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 pub const PATH: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/nodeinventories";
 
@@ -28,6 +30,20 @@ struct State {
     applies: Vec<Apply>,
     /// (bearer token, RBAC verb) of every request.
     verbs: std::collections::BTreeSet<(String, String)>,
+    /// Every request, in arrival order (also those answered 503).
+    requests: Vec<Request>,
+}
+
+/// One request the fake received.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub at: Instant,
+    /// The bearer token (`node-sa`, `gateway-sa`).
+    pub token: String,
+    /// `list`, `watch` or `apply`.
+    pub verb: String,
+    /// What the fake answered.
+    pub status: u16,
 }
 
 fn bearer(req: &HttpRequest) -> String {
@@ -42,6 +58,18 @@ fn bearer(req: &HttpRequest) -> String {
 pub struct FakeKube {
     state: Mutex<State>,
     events: broadcast::Sender<(u64, Value)>,
+    /// True while the apiserver is unavailable: every request gets 503 and open watches are
+    /// cut (a `watch` channel so that each open stream learns it at once).
+    down: watch::Sender<bool>,
+}
+
+/// The body kube-apiserver sends with a 503 (a `Status`), e.g. while etcd is unreachable.
+fn unavailable() -> HttpResponse {
+    HttpResponse::ServiceUnavailable().json(json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "reason": "ServiceUnavailable", "code": 503,
+        "message": "the server is currently unable to handle the request",
+    }))
 }
 
 impl FakeKube {
@@ -49,7 +77,29 @@ impl FakeKube {
         Arc::new(FakeKube {
             state: Mutex::new(State::default()),
             events: broadcast::channel(1024).0,
+            down: watch::channel(false).0,
         })
+    }
+
+    /// Makes the apiserver unavailable (`true`: every request is answered 503 and open
+    /// watch streams are cut mid-stream) or available again (`false`). Stored objects and
+    /// their history survive, as they would in etcd.
+    pub fn set_unavailable(&self, down: bool) {
+        self.down.send_replace(down);
+    }
+
+    pub fn is_unavailable(&self) -> bool {
+        *self.down.borrow()
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<Request> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    /// The resource version of the last change.
+    pub fn resource_version(&self) -> u64 {
+        self.state.lock().unwrap().rv
     }
 
     fn change(&self, st: &mut State, kind: &str, mut obj: Value) -> Value {
@@ -118,6 +168,16 @@ pub async fn list_or_watch(
     let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
     let mut st = kube.state.lock().unwrap();
     let verb = if watching { "watch" } else { "list" };
+    let down = kube.is_unavailable();
+    st.requests.push(Request {
+        at: Instant::now(),
+        token: bearer(&req),
+        verb: verb.to_string(),
+        status: if down { 503 } else { 200 },
+    });
+    if down {
+        return unavailable();
+    }
     st.verbs.insert((bearer(&req), verb.to_string()));
     if !watching {
         return HttpResponse::Ok().json(json!({
@@ -141,9 +201,21 @@ pub async fn list_or_watch(
     let live = tokio_stream::wrappers::BroadcastStream::new(kube.events.subscribe())
         .filter_map(move |e| async move { e.ok().filter(|(rv, _)| *rv > last) });
     drop(st);
+    // An outage cuts the stream with an error, so the connection is aborted mid-body the way
+    // a dying apiserver (or a load balancer losing it) would, not ended cleanly.
+    let mut down = kube.down.subscribe();
+    let cut = async move {
+        let _ = down.wait_for(|d| *d).await;
+    };
     let lines = futures::stream::iter(backlog)
         .chain(live)
-        .map(|(_, ev)| Ok::<_, actix_web::Error>(web::Bytes::from(format!("{ev}\n"))));
+        .map(|(_, ev)| Ok::<_, actix_web::Error>(web::Bytes::from(format!("{ev}\n"))))
+        .take_until(cut)
+        .chain(futures::stream::once(async {
+            Err(actix_web::error::ErrorServiceUnavailable(
+                "apiserver went away",
+            ))
+        }));
     HttpResponse::Ok()
         .content_type("application/json")
         .streaming(lines)
@@ -162,10 +234,25 @@ pub async fn apply(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
+    let mut st = kube.state.lock().unwrap();
+    if kube.is_unavailable() {
+        st.requests.push(Request {
+            at: Instant::now(),
+            token: bearer(&req),
+            verb: "apply".into(),
+            status: 503,
+        });
+        return unavailable();
+    }
     let Ok(parsed) = serde_json::from_slice::<Value>(&body) else {
         return HttpResponse::BadRequest().finish();
     };
-    let mut st = kube.state.lock().unwrap();
+    st.requests.push(Request {
+        at: Instant::now(),
+        token: bearer(&req),
+        verb: "apply".into(),
+        status: 200,
+    });
     // Server-side apply that creates the object is authorized as create (upstream rule).
     let verb = if st.objects.contains_key(name.as_str()) {
         "patch"
@@ -199,12 +286,17 @@ pub struct FakeCluster {
     /// Credentials of the gateways' service account (token `gateway-sa`).
     pub gateway_kubeconfig: std::path::PathBuf,
     pub handle: actix_web::dev::ServerHandle,
+    /// Where it listens (kept across `refuse_connections`, so the kubeconfigs stay right).
+    pub addr: std::net::SocketAddr,
+    tls: rustls::ServerConfig,
 }
 
-pub fn start(dir: &std::path::Path) -> FakeCluster {
-    let ca = super::certs::ca("fake-cluster-ca");
-    let tls = super::certs::tls_server(&super::certs::leaf(&ca, "kube-apiserver", true));
-    let kube = FakeKube::new();
+/// Serves `kube` on `listener`; the handle stops it.
+fn serve(
+    kube: &Arc<FakeKube>,
+    listener: std::net::TcpListener,
+    tls: rustls::ServerConfig,
+) -> actix_web::dev::ServerHandle {
     let k = kube.clone();
     let server = HttpServer::new(move || {
         App::new()
@@ -214,12 +306,23 @@ pub fn start(dir: &std::path::Path) -> FakeCluster {
     })
     .workers(2)
     .disable_signals()
-    .bind_rustls_0_23("127.0.0.1:0", tls)
-    .unwrap();
-    let addr = server.addrs()[0];
-    let server = server.run();
+    // Stopping is an outage, not a graceful drain: open watches are cut at once.
+    .shutdown_timeout(0)
+    .listen_rustls_0_23(listener, tls)
+    .unwrap()
+    .run();
     let handle = server.handle();
     tokio::spawn(server);
+    handle
+}
+
+pub fn start(dir: &std::path::Path) -> FakeCluster {
+    let ca = super::certs::ca("fake-cluster-ca");
+    let tls = super::certs::tls_server(&super::certs::leaf(&ca, "kube-apiserver", true));
+    let kube = FakeKube::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handle = serve(&kube, listener, tls.clone());
     let node_kubeconfig = dir.join("node-kubeconfig");
     super::certs::write_kubeconfig(&node_kubeconfig, &format!("https://{addr}"), &ca, "node-sa");
     let gateway_kubeconfig = dir.join("gateway-kubeconfig");
@@ -234,5 +337,37 @@ pub fn start(dir: &std::path::Path) -> FakeCluster {
         node_kubeconfig,
         gateway_kubeconfig,
         handle,
+        addr,
+        tls,
+    }
+}
+
+impl FakeCluster {
+    /// The apiserver answers every request 503 and cuts open watches (`true`), or serves
+    /// again (`false`).
+    pub fn outage(&self, down: bool) {
+        self.kube.set_unavailable(down);
+    }
+
+    /// The apiserver process is gone: the listener closes, open connections (watches) are
+    /// dropped, and new connections are refused until `accept_connections`.
+    pub async fn refuse_connections(&self) {
+        self.handle.stop(false).await;
+    }
+
+    /// The apiserver is back on the same address with the same objects and history.
+    pub async fn accept_connections(&mut self) {
+        // The old listener is closed; its port is free unless something raced for it.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let listener = loop {
+            match std::net::TcpListener::bind(self.addr) {
+                Ok(l) => break l,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "rebinding {}: {e}", self.addr);
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        };
+        self.handle = serve(&self.kube, listener, self.tls.clone());
     }
 }

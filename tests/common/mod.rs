@@ -53,12 +53,17 @@ pub fn serve_args(data: &Path, extra: &[&str]) -> Vec<String> {
     args
 }
 
-/// A child process whose stdout lines are collected in the background.
+/// A child process whose stdout lines are collected in the background. Its stderr (the logs)
+/// still reaches the test's stderr, and is also kept for `stderr_lines`.
 pub struct Proc {
     pub child: Child,
     lines: mpsc::Receiver<String>,
     pub seen: Vec<String>,
+    errs: std::sync::Arc<Mutex<Vec<String>>>,
 }
+
+/// At most this many stderr lines are kept per process (a soak's logs stay bounded).
+const KEPT_STDERR_LINES: usize = 100_000;
 
 /// The templates every node of the tests uses: built once (with mmdebstrap) under `target/`
 /// and shared, since building `base` takes a minute.
@@ -94,9 +99,22 @@ impl Proc {
             )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start sandbox-gateway");
+        let err = child.stderr.take().expect("stderr");
+        let errs = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let kept = errs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                // Straight to the test's stderr, as an inherited stderr would (not captured).
+                let _ = writeln!(std::io::stderr(), "{line}");
+                let mut kept = kept.lock().unwrap();
+                if kept.len() < KEPT_STDERR_LINES {
+                    kept.push(line);
+                }
+            }
+        });
         let out = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -110,7 +128,13 @@ impl Proc {
             child,
             lines: rx,
             seen: Vec::new(),
+            errs,
         }
+    }
+
+    /// The stderr lines (logs) so far.
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.errs.lock().unwrap().clone()
     }
 
     /// Waits for a stdout line containing `needle` and returns it.
