@@ -19,6 +19,10 @@ pub struct ChurnRun {
     pub latency: Summary,
     /// Failed cycles by what the client saw.
     pub errors: BTreeMap<String, usize>,
+    /// The first failures, each with its cycle and the whole message.
+    pub failures: Vec<(usize, String)>,
+    /// Why the fleet did not settle after the churn (what stayed claimed), if it did not.
+    pub unsettled: Option<String>,
     pub before: Footprint,
     pub after: Footprint,
     /// Per process: RSS at the start and the end (KiB), and the fitted slope in KiB per
@@ -26,11 +30,14 @@ pub struct ChurnRun {
     pub memory: Vec<(String, u64, u64, f64)>,
 }
 
+/// Failures kept whole for the report.
+const KEPT_FAILURES: usize = 20;
+
 const KUBE: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes";
 
 async fn e2b_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
     let url = &fleet.gateways[gw].address;
-    let created = crate::create_e2b(&fleet.http, url).await?;
+    let created = crate::create_tagged(&fleet.http, url, &format!("cycle {i}")).await?;
     let outcome = async {
         let mut envd = Envd::new(Via::Gateway {
             addr: url.trim_start_matches("http://").to_string(),
@@ -79,26 +86,49 @@ async fn kube_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
         .send()
         .await?;
     if r.status() != 201 {
-        return Err(format!("kube create answered {}", r.status()).into());
+        return Err(answered("kube create", r).await);
     }
     let got = https
         .get(format!("{base}{KUBE}/{name}"))
         .bearer_auth("e2b_soak")
         .send()
         .await?;
-    let read = got.status();
+    let read = if got.status() == 200 {
+        None
+    } else {
+        Some(answered("kube get", got).await)
+    };
     let deleted = https
         .delete(format!("{base}{KUBE}/{name}"))
         .bearer_auth("e2b_soak")
         .send()
         .await?;
-    if read != 200 {
-        return Err(format!("kube get answered {read}").into());
+    if let Some(e) = read {
+        return Err(e);
     }
     if deleted.status() != 200 {
-        return Err(format!("kube delete answered {}", deleted.status()).into());
+        return Err(answered("kube delete", deleted).await);
     }
     Ok(())
+}
+
+/// "`what` answered STATUS: message", from a Kubernetes Status body.
+async fn answered(what: &str, r: reqwest::Response) -> Box<dyn std::error::Error + Send + Sync> {
+    let status = r.status();
+    let body: serde_json::Value = r.json().await.unwrap_or_default();
+    format!("{what} answered {status}: {}", body["message"]).into()
+}
+
+/// An error with its causes ("a: b: c"), which reqwest keeps out of its message.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
 }
 
 /// A short label for an error, so that counts group.
@@ -156,10 +186,11 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
         workers.spawn(async move {
             let mut latency = Vec::new();
             let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+            let mut failures = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= cycles {
-                    return (latency, errors);
+                    return (latency, errors, failures);
                 }
                 let gw = i % crate::fleet::GATEWAYS;
                 let t = Instant::now();
@@ -172,6 +203,9 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
                 latency.push(t.elapsed());
                 if let Err(e) = outcome {
                     *errors.entry(kind(&e.to_string())).or_default() += 1;
+                    if failures.len() < KEPT_FAILURES {
+                        failures.push((i, chain(e.as_ref())));
+                    }
                 }
                 done.fetch_add(1, Ordering::Relaxed);
             }
@@ -179,16 +213,25 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
     }
     let mut latency = Vec::new();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    let mut failures = Vec::new();
     while let Some(w) = workers.join_next().await {
-        let (l, e) = w?;
+        let (l, e, f) = w?;
         latency.extend(l);
+        failures.extend(f);
         for (k, n) in e {
             *errors.entry(k).or_default() += n;
         }
     }
     let took = started.elapsed();
     let samples = sampler.await?;
-    fleet.settle(Duration::from_secs(120)).await?;
+    failures.sort();
+    failures.truncate(KEPT_FAILURES);
+    // A fleet that does not settle is reported with the rest, not instead of it.
+    let unsettled = fleet
+        .settle(Duration::from_secs(120))
+        .await
+        .err()
+        .map(|e| e.to_string());
     // Give the processes a moment to close what the last requests opened.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = fleet.footprint();
@@ -216,6 +259,8 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
         took,
         latency: summarize(latency),
         errors,
+        failures,
+        unsettled,
         before,
         after,
         memory,

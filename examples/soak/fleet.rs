@@ -111,12 +111,41 @@ impl Fleet {
             }
             if std::time::Instant::now() > deadline {
                 return Err(format!(
-                    "the fleet did not settle: {claimed} claimed ({listed:?}), {warm} instance directories, {running} with processes, {loops} loop devices"
+                    "the fleet did not settle: {claimed} claimed ({listed:?}), {warm} instance directories, {running} with processes, {loops} loop devices; left claimed: {}",
+                    self.describe_claimed().await.unwrap_or_else(|e| e.to_string())
                 )
                 .into());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// What the first gateway says of each claimed sandbox: id, metadata, start and end.
+    pub async fn describe_claimed(&self) -> Res<String> {
+        let r = self
+            .http
+            .get(format!(
+                "{}/v2/sandboxes?state=running,paused&limit=100",
+                self.gateways[0].address
+            ))
+            .header("X-API-KEY", "e2b_soak")
+            .send()
+            .await?;
+        let body: serde_json::Value = r.json().await?;
+        Ok(body
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| {
+                        format!(
+                            "{} {} started {} ends {}",
+                            s["sandboxID"], s["metadata"], s["startedAt"], s["endAt"]
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default())
     }
 
     /// Sandboxes the first gateway lists (running and paused): id, node, state.

@@ -32,10 +32,16 @@ pub const KEY: &str = "e2b_soak";
 pub struct Created(pub String, pub String, pub String);
 
 pub async fn create_e2b(http: &reqwest::Client, url: &str) -> Res<Created> {
+    create_tagged(http, url, "fault").await
+}
+
+/// Creates an e2b sandbox whose metadata names what made it (`soak: tag`), so that one left
+/// behind can be traced to its cycle.
+pub async fn create_tagged(http: &reqwest::Client, url: &str, tag: &str) -> Res<Created> {
     let res = http
         .post(format!("{url}/v2/sandboxes"))
         .header("X-API-KEY", KEY)
-        .json(&serde_json::json!({"templateID": "base", "timeout": 600}))
+        .json(&serde_json::json!({"templateID": "base", "timeout": 600, "metadata": {"soak": tag}}))
         .send()
         .await?;
     let status = res.status();
@@ -84,6 +90,16 @@ fn render(command: &str, run: &churn::ChurnRun, cases: &[faults::Case]) -> Strin
         ms(run.latency.p99),
         ms(run.latency.max),
     );
+    if let Some(why) = &run.unsettled {
+        let _ = writeln!(o, "| after the churn | {} |", why.replace('|', "/"));
+    }
+    for (cycle, e) in &run.failures {
+        let _ = writeln!(
+            o,
+            "| failure in cycle {cycle} | {} |",
+            e.replace('|', "/").replace('\n', " ")
+        );
+    }
     let (b, a) = (run.before, run.after);
     let _ = writeln!(
         o,
@@ -169,7 +185,8 @@ fn main() -> Res<()> {
         eprintln!("churn: {cycles} cycles at concurrency {concurrency}");
         let run = churn::churn(fleet.clone(), cycles, concurrency).await?;
         let mut fleet = Arc::try_unwrap(fleet).map_err(|_| "the fleet is still shared")?;
-        let cases = if with_faults {
+        // A fleet that did not settle is reported as it is; faults on top would blur it.
+        let cases = if with_faults && run.unsettled.is_none() {
             eprintln!("fault matrix");
             faults::faults(&mut fleet).await?
         } else {
@@ -199,10 +216,16 @@ fn main() -> Res<()> {
             }
             None => print!("{section}"),
         }
-        if failed > 0 || leaked {
+        if failed > 0 || leaked || run.unsettled.is_some() {
             return Err(format!(
-                "{failed} failed cycles ({:?}); footprint before {:?}, after {:?}",
-                run.errors, run.before, run.after
+                "{failed} failed cycles ({:?}); {}footprint before {:?}, after {:?}",
+                run.errors,
+                run.unsettled
+                    .as_ref()
+                    .map(|u| format!("{u}; "))
+                    .unwrap_or_default(),
+                run.before,
+                run.after
             )
             .into());
         }

@@ -32,8 +32,11 @@ use crate::proto;
 
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
-    /// Per-node deadline when looking a sandbox up.
+    /// Per-node deadline when looking a sandbox up on every node.
     pub lookup_timeout: Duration,
+    /// Deadline for asking the node known to own a sandbox: longer than a fan-out's, since
+    /// no other node can answer and a busy node is not a missing sandbox.
+    pub owner_timeout: Duration,
     /// Deadline for short node calls (release, renew, stats).
     pub call_timeout: Duration,
     /// Deadline for a claim; a cold start boots an instance within it.
@@ -53,6 +56,7 @@ impl Default for DispatcherConfig {
     fn default() -> Self {
         DispatcherConfig {
             lookup_timeout: Duration::from_millis(500),
+            owner_timeout: Duration::from_secs(3),
             call_timeout: Duration::from_secs(10),
             claim_timeout: Duration::from_secs(30),
             capture_timeout: Duration::from_secs(600),
@@ -556,13 +560,18 @@ impl Dispatcher {
 
     // ----- resolution -----
 
-    async fn get_on(&self, node: &Arc<NodeHandle>, id: &str) -> Result<SandboxRecord> {
+    async fn get_on(
+        &self,
+        node: &Arc<NodeHandle>,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<SandboxRecord> {
         let mut c = node.conn().client();
         node.conn()
             .call(
                 "get",
                 Effect::Read,
-                self.inner.cfg.lookup_timeout,
+                timeout,
                 c.get(proto::SandboxRef { id: id.to_string() }),
             )
             .await
@@ -590,7 +599,7 @@ impl Dispatcher {
             self.inner.registry.by_name(&rec.node)
         });
         if let Some(node) = known {
-            return match self.get_on(&node, &id).await {
+            return match self.get_on(&node, &id, self.inner.cfg.owner_timeout).await {
                 Ok(r) => {
                     self.inner.owners.remember(&r.id, &r.claim_ref, &node);
                     Ok((node, scoped(r)?))
@@ -606,7 +615,7 @@ impl Dispatcher {
         let mut asks = futures::stream::iter(nodes.into_iter().map(|node| {
             let id = id.clone();
             async move {
-                let r = self.get_on(&node, &id).await;
+                let r = self.get_on(&node, &id, self.inner.cfg.lookup_timeout).await;
                 (node, r)
             }
         }))
@@ -641,14 +650,19 @@ impl Dispatcher {
         self.locate(namespace, id).await.map(|(_, r)| r)
     }
 
-    async fn list_on(&self, node: &Arc<NodeHandle>, claim_ref: &str) -> Result<Vec<SandboxRecord>> {
+    async fn list_on(
+        &self,
+        node: &Arc<NodeHandle>,
+        claim_ref: &str,
+        timeout: Duration,
+    ) -> Result<Vec<SandboxRecord>> {
         let mut c = node.conn().client();
         let reply = node
             .conn()
             .call(
                 "list",
                 Effect::Read,
-                self.inner.cfg.lookup_timeout,
+                timeout,
                 c.list(proto::ListRequest {
                     claim_ref: claim_ref.to_string(),
                 }),
@@ -675,7 +689,10 @@ impl Dispatcher {
         let mut found = Vec::new();
         let mut unreachable = Vec::new();
         for node in &candidates {
-            match self.list_on(node, &claim_ref).await {
+            match self
+                .list_on(node, &claim_ref, self.inner.cfg.owner_timeout)
+                .await
+            {
                 Ok(rs) => found.extend(rs.into_iter().map(|r| (node.clone(), r))),
                 Err(_) => unreachable.push(node.label()),
             }
@@ -686,7 +703,9 @@ impl Dispatcher {
             let mut asks = futures::stream::iter(nodes.into_iter().map(|node| {
                 let claim_ref = claim_ref.clone();
                 async move {
-                    let r = self.list_on(&node, &claim_ref).await;
+                    let r = self
+                        .list_on(&node, &claim_ref, self.inner.cfg.lookup_timeout)
+                        .await;
                     (node, r)
                 }
             }))
@@ -732,6 +751,8 @@ impl Dispatcher {
             )
             .await?;
         self.inner.owners.forget_id(&record.id);
+        // The name may come back on another node; a stale entry would send its lookups here.
+        self.inner.owners.forget_ref(&record.claim_ref);
         self.local(&record.node, LocalChange::Released { id: record.id });
         Ok(())
     }

@@ -63,6 +63,13 @@ impl ServeConfig {
     }
 }
 
+/// How long an idle client connection is kept open. actix's default (5 s) is shorter than
+/// most clients' pool idle timeouts (reqwest and Go 90 s), so a client could reuse a
+/// connection the gateway was closing at that moment and lose a POST it cannot safely replay
+/// (the likely end of one create in a 10,000-cycle soak). Load balancers keep 60 to 75 s for
+/// the same reason.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(75);
+
 /// Where the e2b listener's certificate comes from.
 #[derive(Debug, Clone)]
 pub enum E2bTls {
@@ -286,6 +293,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     })
     .workers(2)
     .tcp_nodelay(true)
+    .keep_alive(KEEP_ALIVE)
     .shutdown_timeout(5)
     .disable_signals()
     .on_connect(capture_peer_certificates)
@@ -320,6 +328,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     })
     .workers(2)
     .tcp_nodelay(true)
+    .keep_alive(KEEP_ALIVE)
     .shutdown_timeout(5)
     .disable_signals();
     let e2b_tls = e2b_tls_config(&cfg)?;

@@ -159,7 +159,14 @@ struct Key {
 #[derive(Default)]
 pub struct Tunnels {
     idle: Mutex<HashMap<Key, Vec<SendRequest<ProxyBody>>>>,
+    /// Connections given back since the last sweep.
+    returned: std::sync::atomic::AtomicUsize,
 }
+
+/// Every this many returned connections, targets whose connections have all closed (their
+/// sandbox is gone, by whatever way it went) are dropped; without it every sandbox ever
+/// reached keeps an entry (found by the soak: gateway memory grew with each cycle).
+const SWEEP_EVERY: usize = 64;
 
 fn broken(e: impl std::fmt::Display) -> TunnelError {
     TunnelError::Broken(e.to_string())
@@ -169,12 +176,17 @@ impl Tunnels {
     fn take(&self, key: &Key) -> Option<SendRequest<ProxyBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.get_mut(key)?;
+        let mut found = None;
         while let Some(s) = list.pop() {
             if s.is_ready() {
-                return Some(s);
+                found = Some(s);
+                break;
             }
         }
-        None
+        if list.is_empty() {
+            idle.remove(key);
+        }
+        found
     }
 
     fn give_back(&self, key: Key, sender: SendRequest<ProxyBody>) {
@@ -184,6 +196,26 @@ impl Tunnels {
         if list.len() < IDLE_PER_TARGET {
             list.push(sender);
         }
+        let returned = self
+            .returned
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if returned % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            Self::sweep(&mut idle);
+        }
+    }
+
+    /// Drops closed connections, and targets left without any.
+    fn sweep(idle: &mut HashMap<Key, Vec<SendRequest<ProxyBody>>>) {
+        idle.retain(|_, list| {
+            list.retain(|s| !s.is_closed());
+            !list.is_empty()
+        });
+    }
+
+    /// Targets with idle connections (for tests).
+    #[cfg(test)]
+    fn targets(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Forgets the connections of a sandbox that is gone.
@@ -268,6 +300,51 @@ impl Tunnels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection over an in-memory pipe; dropping the returned end closes it.
+    async fn pipe_connection() -> (SendRequest<ProxyBody>, tokio::io::DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(1024);
+        let (sender, conn) = http1::Builder::new()
+            .handshake(hyper_util::rt::TokioIo::new(ours))
+            .await
+            .expect("handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        (sender, theirs)
+    }
+
+    #[tokio::test]
+    async fn targets_whose_connections_closed_are_swept() {
+        let tunnels = Tunnels::default();
+        let key = |s: &str| Key {
+            node: "n".into(),
+            sandbox: s.into(),
+            port: 1,
+        };
+        let (alive, _keep) = pipe_connection().await;
+        tunnels.give_back(key("alive"), alive);
+        // With the open one, SWEEP_EVERY returns: the last one sweeps.
+        for i in 1..SWEEP_EVERY {
+            let (gone, other_end) = pipe_connection().await;
+            drop(other_end);
+            // Let the connection task see the close.
+            for _ in 0..50 {
+                if gone.is_closed() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            tunnels.give_back(key(&format!("gone-{i}")), gone);
+        }
+        assert_eq!(
+            tunnels.targets(),
+            1,
+            "only the open connection's target is kept"
+        );
+        assert!(tunnels.take(&key("alive")).is_some());
+        assert_eq!(tunnels.targets(), 0, "an emptied target is dropped at once");
+    }
 
     #[test]
     fn connect_answers_parse() {
