@@ -237,6 +237,17 @@ async fn until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bo
     }
 }
 
+/// Waits until every replica lists every id in `kept`.
+async fn all_listed(gws: &[Gateway], kept: &[String], what: &str, within: Duration) {
+    for gw in gws {
+        until(what, within, async || {
+            let listed = listed_ids(gw).await;
+            kept.iter().all(|id| listed.contains(id))
+        })
+        .await;
+    }
+}
+
 async fn listed_ids(gw: &Gateway) -> Vec<String> {
     let r = gw
         .call(Method::GET, "/v2/sandboxes", Some(KEY_A), None)
@@ -608,17 +619,13 @@ async fn apiserver_unavailable_for_a_minute() {
         assert_eq!(status, StatusCode::CREATED);
         kept.push(id.unwrap());
     }
-    for gw in &gws {
-        until(
-            "the first sandboxes listed",
-            Duration::from_secs(20),
-            async || {
-                let listed = listed_ids(gw).await;
-                kept.iter().all(|id| listed.contains(id))
-            },
-        )
-        .await;
-    }
+    all_listed(
+        &gws,
+        &kept,
+        "the first sandboxes listed",
+        Duration::from_secs(20),
+    )
+    .await;
 
     // ----- 503 to everything for a minute -----
     let rv_before = cluster.kube.resource_version();
@@ -764,17 +771,13 @@ async fn apiserver_unavailable_for_a_minute() {
     }
     // Nothing is lost: each replica lists every sandbox, also those the other made during
     // the outage (which it learns only from the republished inventories).
-    for gw in &gws {
-        until(
-            "every sandbox listed after the outage",
-            Duration::from_secs(20),
-            async || {
-                let listed = listed_ids(gw).await;
-                kept.iter().all(|id| listed.contains(id))
-            },
-        )
-        .await;
-    }
+    all_listed(
+        &gws,
+        &kept,
+        "every sandbox listed after the outage",
+        Duration::from_secs(20),
+    )
+    .await;
 
     // ----- connections refused for a while (the apiserver process gone) -----
     let before_refused = cluster.kube.resource_version();
@@ -816,17 +819,13 @@ async fn apiserver_unavailable_for_a_minute() {
         },
     )
     .await;
-    for gw in &gws {
-        until(
-            "every sandbox listed after refusals",
-            Duration::from_secs(30),
-            async || {
-                let listed = listed_ids(gw).await;
-                kept.iter().all(|id| listed.contains(id))
-            },
-        )
-        .await;
-    }
+    all_listed(
+        &gws,
+        &kept,
+        "every sandbox listed after refusals",
+        Duration::from_secs(30),
+    )
+    .await;
     let refused_recovered = accepted_at.elapsed();
 
     // No node ever left either replica's fleet, nobody exited or panicked.

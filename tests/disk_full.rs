@@ -11,7 +11,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::Engine;
 use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -123,12 +122,7 @@ async fn wait_warm(gw: &Gateway, n: i64, what: &str) {
 /// Runs `bash -c cmd` in the sandbox through the gateway's data plane (envd's Connect
 /// protocol, as the SDKs call it); answers the exit code and stdout.
 async fn run(gw: &Gateway, sandbox: &Value, cmd: &str) -> Result<(i64, String), String> {
-    let msg =
-        json!({"process": {"cmd": "/bin/bash", "args": ["-c", cmd], "envs": {}}, "stdin": false});
-    let payload = serde_json::to_vec(&msg).map_err(|e| e.to_string())?;
-    let mut body = vec![0u8];
-    body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    body.extend_from_slice(&payload);
+    let body = common::sandbox::start_body(&["-c", cmd]);
     let res = gw
         .http
         .post(format!("{}/process.Process/Start", gw.url))
@@ -153,32 +147,11 @@ async fn run(gw: &Gateway, sandbox: &Value, cmd: &str) -> Result<(i64, String), 
     if status != StatusCode::OK {
         return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)));
     }
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let (mut stdout, mut exit) = (Vec::new(), None);
-    let mut rest = &bytes[..];
-    while rest.len() >= 5 {
-        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-        let Some(raw) = rest.get(5..5 + len) else {
-            break;
-        };
-        let frame: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
-        if rest[0] & 2 != 0 {
-            if frame.get("error").is_some() {
-                return Err(format!("stream error: {frame}"));
-            }
-            break;
-        }
-        let ev = &frame["event"];
-        if let Some(d) = ev["data"]["stdout"].as_str() {
-            stdout.extend(b64.decode(d).unwrap_or_default());
-        }
-        if !ev["end"].is_null() {
-            exit = Some(ev["end"]["exitCode"].as_i64().unwrap_or(0));
-        }
-        rest = &rest[5 + len..];
+    let ran = common::sandbox::parse_start_stream(&bytes)?;
+    if ran.end.is_null() {
+        return Err("the command's stream had no end".to_string());
     }
-    let exit = exit.ok_or_else(|| "the command's stream had no end".to_string())?;
-    Ok((exit, String::from_utf8_lossy(&stdout).to_string()))
+    Ok((ran.exit_code, ran.stdout))
 }
 
 async fn snapshot(gw: &Gateway, id: &str) -> Reply {

@@ -120,18 +120,23 @@ impl Fleet {
         }
     }
 
-    /// What the first gateway says of each claimed sandbox: id, metadata, start and end.
-    pub async fn describe_claimed(&self) -> Res<String> {
+    /// The first gateway's e2b listing of running and paused sandboxes (one page of 100).
+    async fn listed(&self) -> Res<serde_json::Value> {
         let r = self
             .http
             .get(format!(
                 "{}/v2/sandboxes?state=running,paused&limit=100",
                 self.gateways[0].address
             ))
-            .header("X-API-KEY", "e2b_soak")
+            .header("X-API-KEY", crate::KEY)
             .send()
             .await?;
-        let body: serde_json::Value = r.json().await?;
+        Ok(r.json().await?)
+    }
+
+    /// What the first gateway says of each claimed sandbox: id, metadata, start and end.
+    pub async fn describe_claimed(&self) -> Res<String> {
+        let body = self.listed().await?;
         Ok(body
             .as_array()
             .map(|a| {
@@ -150,16 +155,7 @@ impl Fleet {
 
     /// Sandboxes the first gateway lists (running and paused): id, node, state.
     pub async fn claimed(&self) -> Res<Vec<(String, String, String)>> {
-        let r = self
-            .http
-            .get(format!(
-                "{}/v2/sandboxes?state=running,paused&limit=100",
-                self.gateways[0].address
-            ))
-            .header("X-API-KEY", "e2b_soak")
-            .send()
-            .await?;
-        let body: serde_json::Value = r.json().await?;
+        let body = self.listed().await?;
         let field = |s: &serde_json::Value, k: &str| s[k].as_str().unwrap_or_default().to_string();
         Ok(body
             .as_array()

@@ -178,11 +178,7 @@ impl SandboxClient {
 
     /// Runs `bash -l -c cmd` as `user` (envd's default user when None).
     pub fn run_as(&self, user: Option<&str>, cmd: &str) -> Result<Ran, String> {
-        let msg = json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd], "envs": {}}, "stdin": false});
-        let payload = serde_json::to_vec(&msg).unwrap();
-        let mut body = vec![0u8];
-        body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        body.extend_from_slice(&payload);
+        let body = start_body(&["-l", "-c", cmd]);
         let basic = user.map(|u| {
             format!(
                 "Basic {}",
@@ -203,38 +199,7 @@ impl SandboxClient {
         if a.status != 200 {
             return Err(format!("{}: {}", a.status, a.text()));
         }
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        let mut end = Value::Null;
-        let mut rest = a.body.as_slice();
-        while rest.len() >= 5 {
-            let flags = rest[0];
-            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-            let frame: Value = serde_json::from_slice(&rest[5..5 + len]).unwrap_or(Value::Null);
-            rest = &rest[5 + len..];
-            if flags & 2 != 0 {
-                if frame.get("error").is_some() {
-                    return Err(format!("stream error: {frame}"));
-                }
-                break;
-            }
-            let ev = &frame["event"];
-            if let Some(d) = ev["data"]["stdout"].as_str() {
-                stdout.extend(b64.decode(d).unwrap_or_default());
-            }
-            if let Some(d) = ev["data"]["stderr"].as_str() {
-                stderr.extend(b64.decode(d).unwrap_or_default());
-            }
-            if !ev["end"].is_null() {
-                end = ev["end"].clone();
-            }
-        }
-        Ok(Ran {
-            exit_code: end["exitCode"].as_i64().unwrap_or(0),
-            stdout: String::from_utf8_lossy(&stdout).to_string(),
-            stderr: String::from_utf8_lossy(&stderr).to_string(),
-            end,
-        })
+        parse_start_stream(&a.body)
     }
 
     pub fn run(&self, cmd: &str) -> Ran {
@@ -279,4 +244,55 @@ fn urlencode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// `process.Process/Start`'s request body (one Connect envelope, JSON codec) for
+/// `/bin/bash ARGS` without stdin.
+pub fn start_body(args: &[&str]) -> Vec<u8> {
+    let msg = json!({"process": {"cmd": "/bin/bash", "args": args, "envs": {}}, "stdin": false});
+    let payload = serde_json::to_vec(&msg).unwrap_or_default();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    body.extend_from_slice(&payload);
+    body
+}
+
+/// The command's output and end from a whole `process.Process/Start` answer body; a
+/// truncated envelope ends the parse, an error in the end-of-stream message is an error.
+pub fn parse_start_stream(body: &[u8]) -> Result<Ran, String> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut end = Value::Null;
+    let mut rest = body;
+    while rest.len() >= 5 {
+        let flags = rest[0];
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let Some(raw) = rest.get(5..5 + len) else {
+            break;
+        };
+        let frame: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+        rest = &rest[5 + len..];
+        if flags & 2 != 0 {
+            if frame.get("error").is_some() {
+                return Err(format!("stream error: {frame}"));
+            }
+            break;
+        }
+        let ev = &frame["event"];
+        if let Some(d) = ev["data"]["stdout"].as_str() {
+            stdout.extend(b64.decode(d).unwrap_or_default());
+        }
+        if let Some(d) = ev["data"]["stderr"].as_str() {
+            stderr.extend(b64.decode(d).unwrap_or_default());
+        }
+        if !ev["end"].is_null() {
+            end = ev["end"].clone();
+        }
+    }
+    Ok(Ran {
+        exit_code: end["exitCode"].as_i64().unwrap_or(0),
+        stdout: String::from_utf8_lossy(&stdout).to_string(),
+        stderr: String::from_utf8_lossy(&stderr).to_string(),
+        end,
+    })
 }
