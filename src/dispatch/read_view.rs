@@ -535,32 +535,10 @@ impl ReadView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Phase, PoolKey};
+    use crate::model::Phase;
 
     fn rec(id: &str, claim_ref: &str) -> SandboxRecord {
-        SandboxRecord {
-            id: id.into(),
-            token: String::new(),
-            key: PoolKey::base(),
-            claim_ref: claim_ref.into(),
-            claimed_at: chrono::DateTime::UNIX_EPOCH,
-            deadline: chrono::DateTime::UNIX_EPOCH,
-            phase: Phase::Running,
-            address: String::new(),
-            metadata: Default::default(),
-            env_vars: Default::default(),
-            from_checkpoint: None,
-            forked_from: None,
-            node: "n1".into(),
-            cpu_count: 1,
-            memory_bytes: 1,
-            state_dir: String::new(),
-            disk_bytes: 0,
-            lifecycle: Default::default(),
-            lease_seconds: 0,
-            paused: None,
-            network: Default::default(),
-        }
+        SandboxRecord::fixture(id, claim_ref)
     }
 
     fn ev(change: InventoryChange) -> InventoryEvent {

@@ -141,7 +141,7 @@ mod tests {
     use chrono::{DateTime, TimeDelta, Utc};
 
     use super::*;
-    use crate::model::{Phase, PoolKey, SandboxRecord};
+    use crate::model::{Phase, SandboxRecord};
 
     fn entry(i: usize, at: i64) -> Entry {
         let t0 = DateTime::<Utc>::from_timestamp(1_790_000_000, 0).unwrap_or_default();
@@ -149,10 +149,6 @@ mod tests {
         metadata.insert("user".to_string(), format!("u\"{i}é"));
         metadata.insert("k8s.spec".to_string(), "{}".into());
         let r = SandboxRecord {
-            id: format!("sb_{i:016x}"),
-            token: String::new(),
-            key: PoolKey::base(),
-            claim_ref: format!("default/box-{i}"),
             claimed_at: t0 + TimeDelta::seconds(at),
             deadline: t0 + TimeDelta::seconds(600),
             phase: if i.is_multiple_of(2) {
@@ -160,20 +156,10 @@ mod tests {
             } else {
                 Phase::Paused
             },
-            address: String::new(),
             metadata,
-            env_vars: Default::default(),
-            from_checkpoint: None,
-            forked_from: None,
-            node: "n1".into(),
             cpu_count: 2,
             memory_bytes: 1 << 30,
-            state_dir: String::new(),
-            disk_bytes: 0,
-            lifecycle: Default::default(),
-            lease_seconds: 0,
-            paused: None,
-            network: Default::default(),
+            ..SandboxRecord::fixture(&format!("sb_{i:016x}"), &format!("default/box-{i}"))
         };
         Entry::new(Arc::new(r), i as u64)
     }

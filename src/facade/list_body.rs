@@ -133,7 +133,7 @@ pub fn collect(chunks: Chunks) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::dispatch::read_view::Entry;
-    use crate::model::{Phase, PoolKey, SandboxRecord};
+    use crate::model::{Phase, SandboxRecord};
 
     fn rec(i: usize) -> SandboxRecord {
         let t0 = DateTime::<Utc>::from_timestamp(1_790_000_000, 0).unwrap_or_default();
@@ -148,15 +148,12 @@ mod tests {
                 r#"{"podTemplate":{"spec":{"containers":[{"name":"m","image":"base"}]}},"shutdownTime":"2030-01-01T00:00:00Z"}"#.into(),
             );
         }
+        let claim_ref = if i.is_multiple_of(5) {
+            format!("ns-{}/sb_{i:016x}", i % 2)
+        } else {
+            format!("ns-{}/box-{i}", i % 2)
+        };
         SandboxRecord {
-            id: format!("sb_{i:016x}"),
-            token: String::new(),
-            key: PoolKey::base(),
-            claim_ref: if i.is_multiple_of(5) {
-                format!("ns-{}/sb_{i:016x}", i % 2)
-            } else {
-                format!("ns-{}/box-{i}", i % 2)
-            },
             claimed_at: t0 - chrono::TimeDelta::seconds(i as i64 * 977),
             deadline: t0 + chrono::TimeDelta::seconds(600),
             phase: if i.is_multiple_of(2) {
@@ -170,18 +167,9 @@ mod tests {
                 format!("10.0.0.{i}:49983")
             },
             metadata,
-            env_vars: Default::default(),
-            from_checkpoint: None,
-            forked_from: None,
             node: format!("node-{}", i % 3),
-            cpu_count: 1,
             memory_bytes: 1 << 29,
-            state_dir: String::new(),
-            disk_bytes: 0,
-            lifecycle: Default::default(),
-            lease_seconds: 0,
-            paused: None,
-            network: Default::default(),
+            ..SandboxRecord::fixture(&format!("sb_{i:016x}"), &claim_ref)
         }
     }
 

@@ -492,32 +492,9 @@ pub async fn not_found() -> KubeResult<HttpResponse> {
 mod tests {
     use super::*;
     use crate::dispatch::DispatcherConfig;
-    use crate::model::{Phase, PoolKey};
 
     fn rec(i: usize) -> SandboxRecord {
-        SandboxRecord {
-            id: format!("sb_{i:016x}"),
-            token: String::new(),
-            key: PoolKey::base(),
-            claim_ref: format!("ns-{}/box-{i:03}", i % 3),
-            claimed_at: chrono::DateTime::UNIX_EPOCH,
-            deadline: chrono::DateTime::UNIX_EPOCH,
-            phase: Phase::Running,
-            address: String::new(),
-            metadata: Default::default(),
-            env_vars: Default::default(),
-            from_checkpoint: None,
-            forked_from: None,
-            node: "n1".into(),
-            cpu_count: 1,
-            memory_bytes: 1,
-            state_dir: String::new(),
-            disk_bytes: 0,
-            lifecycle: Default::default(),
-            lease_seconds: 0,
-            paused: None,
-            network: Default::default(),
-        }
+        SandboxRecord::fixture(&format!("sb_{i:016x}"), &format!("ns-{}/box-{i:03}", i % 3))
     }
 
     fn names(body: &[u8]) -> (Vec<String>, Option<String>) {

@@ -121,6 +121,35 @@ pub struct SandboxRecord {
 }
 
 impl SandboxRecord {
+    /// A running `base` sandbox on node `n1` with everything else empty: the fixture unit
+    /// tests change what they are about (`SandboxRecord { field, ..SandboxRecord::fixture(..) }`).
+    #[cfg(test)]
+    pub fn fixture(id: &str, claim_ref: &str) -> Self {
+        SandboxRecord {
+            id: id.into(),
+            token: String::new(),
+            key: super::PoolKey::base(),
+            claim_ref: claim_ref.into(),
+            claimed_at: chrono::DateTime::UNIX_EPOCH,
+            deadline: chrono::DateTime::UNIX_EPOCH,
+            phase: super::Phase::Running,
+            address: String::new(),
+            metadata: Default::default(),
+            env_vars: Default::default(),
+            from_checkpoint: None,
+            forked_from: None,
+            node: "n1".into(),
+            cpu_count: 1,
+            memory_bytes: 1,
+            state_dir: String::new(),
+            disk_bytes: 0,
+            lifecycle: Default::default(),
+            lease_seconds: 0,
+            paused: None,
+            network: Default::default(),
+        }
+    }
+
     /// The namespace part of the claim ref (`default` when the claim named none).
     pub fn namespace(&self) -> &str {
         split_claim_ref(&self.claim_ref).0
