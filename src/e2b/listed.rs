@@ -10,9 +10,7 @@ use super::listing::{Cursor, Order};
 use super::render;
 use crate::dispatch::forms::{Form, Rendered, kept};
 use crate::dispatch::read_view::Entry;
-
-/// Bytes gathered before a chunk is handed to the connection.
-const CHUNK: usize = 64 * 1024;
+use crate::httpx::{BODY_CHUNK as CHUNK, chunked_reply};
 
 /// The entry's listed sandbox as `render::listed` serializes it, rendered once per entry.
 pub fn listed_form(e: &Entry) -> &Rendered {
@@ -77,6 +75,8 @@ pub fn page(
 struct ArrayChunks {
     entries: std::vec::IntoIter<Entry>,
     started: bool,
+    /// Bytes per chunk: `CHUNK`, smaller in tests so that a few entries span several chunks.
+    chunk: usize,
     done: bool,
 }
 
@@ -87,11 +87,11 @@ impl Iterator for ArrayChunks {
         if self.done {
             return None;
         }
-        let mut out = Vec::with_capacity(CHUNK + CHUNK / 4);
+        let mut out = Vec::with_capacity(self.chunk + self.chunk / 4);
         if !self.started {
             out.push(b'[');
         }
-        while out.len() < CHUNK {
+        while out.len() < self.chunk {
             let Some(e) = self.entries.next() else {
                 out.push(b']');
                 self.done = true;
@@ -107,10 +107,11 @@ impl Iterator for ArrayChunks {
     }
 }
 
-fn chunks(entries: Vec<Entry>) -> ArrayChunks {
+fn chunks(entries: Vec<Entry>, chunk: usize) -> ArrayChunks {
     ArrayChunks {
         entries: entries.into_iter(),
         started: false,
+        chunk,
         done: false,
     }
 }
@@ -123,15 +124,7 @@ pub fn reply(entries: Vec<Entry>, next: Option<String>) -> HttpResponse {
     if let Some(t) = next {
         res.insert_header(("X-Next-Token", t));
     }
-    let mut chunks = chunks(entries);
-    let first = chunks.next().unwrap_or_default();
-    if chunks.done {
-        return res.body(first);
-    }
-    let body = std::iter::once(first)
-        .chain(chunks)
-        .map(Ok::<_, std::io::Error>);
-    res.streaming(futures::stream::iter(body))
+    chunked_reply(res, chunks(entries, CHUNK))
 }
 
 #[cfg(test)]
@@ -175,7 +168,7 @@ mod tests {
                     .collect::<Vec<_>>(),
             )
             .unwrap_or_default();
-            let parts: Vec<Bytes> = chunks(entries.clone()).collect();
+            let parts: Vec<Bytes> = chunks(entries.clone(), 8 * 1024).collect();
             assert_eq!(
                 parts.len() > 1,
                 n == 400,

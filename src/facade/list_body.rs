@@ -14,9 +14,7 @@ use super::ListSnapshot;
 use super::objects::{self, ListMeta, NumStr};
 use super::table;
 
-/// Bytes gathered before a chunk is handed to the connection: large enough that the per-chunk
-/// framing is noise, small enough that a list holds only a few of them.
-pub const CHUNK: usize = 64 * 1024;
+use crate::httpx::{BODY_CHUNK as CHUNK, chunked_reply};
 
 /// What a list body holds.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +33,8 @@ pub struct Chunks {
     next: usize,
     head: Option<Vec<u8>>,
     shape: Shape,
+    /// Bytes per chunk: `CHUNK`, smaller in tests so that a few objects span several chunks.
+    chunk: usize,
     done: bool,
 }
 
@@ -65,13 +65,14 @@ impl Chunks {
             items,
             head: Some(head),
             shape,
+            chunk: CHUNK,
             done: false,
         }
     }
 
-    /// Whether every chunk was produced.
-    pub fn is_done(&self) -> bool {
-        self.done
+    #[cfg(test)]
+    fn in_chunks_of(self, chunk: usize) -> Chunks {
+        Chunks { chunk, ..self }
     }
 }
 
@@ -85,8 +86,8 @@ impl Iterator for Chunks {
         let mut out = self
             .head
             .take()
-            .unwrap_or_else(|| Vec::with_capacity(CHUNK + CHUNK / 4));
-        while self.next < self.items.end && out.len() < CHUNK {
+            .unwrap_or_else(|| Vec::with_capacity(self.chunk + self.chunk / 4));
+        while self.next < self.items.end && out.len() < self.chunk {
             if self.next > self.items.start {
                 out.push(b',');
             }
@@ -105,19 +106,11 @@ impl Iterator for Chunks {
     }
 }
 
-/// A 200 reply with the list: one sized body when it fits one chunk, else a chunked stream
-/// that produces each chunk as the connection takes it.
-pub fn reply(mut chunks: Chunks) -> HttpResponse {
-    let first = chunks.next().unwrap_or_default();
+/// A 200 reply with the list (see `httpx::chunked_reply`).
+pub fn reply(chunks: Chunks) -> HttpResponse {
     let mut res = HttpResponse::build(StatusCode::OK);
     res.content_type("application/json");
-    if chunks.is_done() {
-        return res.body(first);
-    }
-    let body = std::iter::once(first)
-        .chain(chunks)
-        .map(Ok::<_, std::io::Error>);
-    res.streaming(futures::stream::iter(body))
+    chunked_reply(res, chunks)
 }
 
 /// The whole body at once (tests, and the bench's side-by-side).
@@ -173,6 +166,9 @@ mod tests {
         }
     }
 
+    /// A chunk size that splits the tests' lists into many chunks.
+    const SMALL: usize = 8 * 1024;
+
     fn snapshot(n: usize) -> Arc<ListSnapshot> {
         Arc::new(ListSnapshot {
             entries: (0..n)
@@ -200,7 +196,8 @@ mod tests {
                 Shape::Objects,
                 token.clone(),
                 remaining,
-            );
+            )
+            .in_chunks_of(SMALL);
             let streamed = collect(chunks);
             let plain = objects::list(page, snap.revision, token.clone(), remaining);
             assert_eq!(
@@ -214,7 +211,8 @@ mod tests {
                 Shape::Table { now },
                 token.clone(),
                 remaining,
-            );
+            )
+            .in_chunks_of(SMALL);
             let streamed = collect(chunks);
             let plain = table::table_at(page, snap.revision, token, remaining, now);
             assert_eq!(
@@ -230,19 +228,19 @@ mod tests {
     #[test]
     fn large_lists_come_in_bounded_chunks() {
         let snap = snapshot(400);
-        let chunks: Vec<Bytes> =
-            Chunks::new(snap.clone(), 0..400, Shape::Objects, None, None).collect();
+        let chunks: Vec<Bytes> = Chunks::new(snap.clone(), 0..400, Shape::Objects, None, None)
+            .in_chunks_of(SMALL)
+            .collect();
         assert!(chunks.len() > 2, "{} chunks", chunks.len());
         let largest = chunks.iter().map(Bytes::len).max().unwrap_or(0);
         let object = objects::object_form(&snap.entries[0]).bytes.len();
         assert!(
-            largest < CHUNK + 2 * object + 16,
+            largest < SMALL + 2 * object + 16,
             "a chunk of {largest} bytes"
         );
-        // A small page is a single chunk, which `reply` sends with its length.
-        let mut one = Chunks::new(snap, 3..5, Shape::Objects, None, None);
+        // A page well under `CHUNK` is a single chunk, which `reply` sends with its length.
+        let mut one = Chunks::new(snap, 0..400, Shape::Objects, None, None);
         assert!(one.next().is_some());
-        assert!(one.is_done());
         assert!(one.next().is_none());
     }
 
