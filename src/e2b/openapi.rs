@@ -1,6 +1,8 @@
 //! The e2b surface's OpenAPI document, generated from the handlers and wire types. The
 //! checked-in copy is `openapi/e2b.json`; `sandbox-gateway openapi` prints the current one.
 
+use utoipa::openapi::RefOr;
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -18,6 +20,125 @@ impl Modify for ApiKeyAuth {
                 super::auth::API_KEY_HEADER,
             ))),
         );
+    }
+}
+
+/// What a response hands on to a later request.
+#[derive(Clone, Copy)]
+enum Carries {
+    /// A sandbox (`wire::Sandbox`).
+    Sandbox,
+    /// A template (`wire::Template`).
+    Template,
+    /// A snapshot (`wire::SnapshotInfo`), whose id is also a `templateID`.
+    Snapshot,
+}
+
+/// Responses that carry an object, by operation id and status, with the JSON pointer to the
+/// object in the body ("" for the body itself). The template list stands for its items by its
+/// first one; the other lists are filtered and often empty, so they are not sources.
+const LINK_SOURCES: &[(&str, &str, &str, Carries)] = &[
+    ("create_v2", "201", "", Carries::Sandbox),
+    ("create_v1", "201", "", Carries::Sandbox),
+    ("connect_v2", "200", "", Carries::Sandbox),
+    ("connect_v2", "201", "", Carries::Sandbox),
+    ("connect_v1", "200", "", Carries::Sandbox),
+    ("connect_v1", "201", "", Carries::Sandbox),
+    ("resume", "201", "", Carries::Sandbox),
+    ("fork", "201", "/0/sandbox", Carries::Sandbox),
+    ("list_templates", "200", "/0", Carries::Template),
+    ("list_templates_v2", "200", "/0", Carries::Template),
+    ("snapshot", "201", "", Carries::Snapshot),
+];
+
+/// Where a link puts the value it takes.
+#[derive(Clone, Copy)]
+enum Put {
+    Path(&'static str),
+    Query(&'static str),
+    /// The JSON request body `{field: value}`, a complete request on its own (schemathesis
+    /// merges it into a generated body).
+    Body(&'static str),
+}
+
+/// A link's target: its operation id, the field of the carried object it takes, and where.
+type Target = (&'static str, &'static str, Put);
+
+impl Carries {
+    fn targets(self) -> &'static [Target] {
+        match self {
+            Carries::Sandbox => &[
+                ("get", "sandboxID", Put::Path("sandboxID")),
+                ("kill", "sandboxID", Put::Path("sandboxID")),
+                ("set_timeout", "sandboxID", Put::Path("sandboxID")),
+                ("refresh", "sandboxID", Put::Path("sandboxID")),
+                ("pause", "sandboxID", Put::Path("sandboxID")),
+                ("connect_v2", "sandboxID", Put::Path("sandboxID")),
+                ("connect_v1", "sandboxID", Put::Path("sandboxID")),
+                ("resume", "sandboxID", Put::Path("sandboxID")),
+                ("fork", "sandboxID", Put::Path("sandboxID")),
+                ("snapshot", "sandboxID", Put::Path("sandboxID")),
+                ("metrics", "sandboxID", Put::Path("sandboxID")),
+                ("metrics_batch", "sandboxID", Put::Query("sandbox_ids")),
+                ("v1", "sandboxID", Put::Path("sandboxID")),
+                ("v2", "sandboxID", Put::Path("sandboxID")),
+                ("update", "sandboxID", Put::Path("sandboxID")),
+                ("list_snapshots", "sandboxID", Put::Query("sandboxID")),
+                ("list_v2", "templateID", Put::Query("template")),
+            ],
+            Carries::Template => &[
+                ("create_v2", "templateID", Put::Body("templateID")),
+                ("create_v1", "templateID", Put::Body("templateID")),
+            ],
+            Carries::Snapshot => &[
+                ("create_v2", "snapshotID", Put::Body("templateID")),
+                ("create_v1", "snapshotID", Put::Body("templateID")),
+                ("delete_template", "snapshotID", Put::Path("templateID")),
+                ("list_snapshots", "snapshotID", Put::Query("name")),
+            ],
+        }
+    }
+}
+
+/// OpenAPI links from each of `LINK_SOURCES` to the targets of what it carries: which value of
+/// a response a later request takes, so that a client generator, or schemathesis's stateful
+/// phase (tests/schema_fuzz.rs), can follow create → use → delete with real ids.
+struct Links;
+
+impl Modify for Links {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        for item in doc.paths.paths.values_mut() {
+            let operations = [
+                item.get.as_mut(),
+                item.post.as_mut(),
+                item.put.as_mut(),
+                item.delete.as_mut(),
+            ];
+            for op in operations.into_iter().flatten() {
+                let id = op.operation_id.clone().unwrap_or_default();
+                for (_, status, object, carries) in LINK_SOURCES.iter().filter(|s| s.0 == id) {
+                    let Some(RefOr::T(response)) = op.responses.responses.get_mut(*status) else {
+                        continue;
+                    };
+                    for &(target, field, put) in carries.targets() {
+                        let value =
+                            serde_json::Value::from(format!("$response.body#{object}/{field}"));
+                        let link = LinkBuilder::new().operation_id(target);
+                        let link = match put {
+                            Put::Path(p) => link.parameter(format!("path.{p}"), value),
+                            Put::Query(q) => link.parameter(format!("query.{q}"), value),
+                            Put::Body(f) => {
+                                let body = serde_json::Map::from_iter([(f.to_string(), value)]);
+                                link.request_body(Some(body))
+                            }
+                        };
+                        response
+                            .links
+                            .insert(target.to_string(), RefOr::T(link.build()));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -43,7 +164,7 @@ impl Modify for ApiKeyAuth {
         wire::SandboxesWithMetrics, wire::Template, logs::SandboxLogs, logs::SandboxLogsV2,
         logs::SandboxLog, logs::SandboxLogEntry, wire::NetworkConfig, wire::NetworkInfo,
     )),
-    modifiers(&ApiKeyAuth)
+    modifiers(&ApiKeyAuth, &Links)
 )]
 pub struct ApiDoc;
 
@@ -55,4 +176,83 @@ pub fn document_json() -> String {
     });
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+
+    fn operations(doc: &Value) -> Vec<(&str, &Value)> {
+        let paths = doc["paths"].as_object().into_iter().flatten();
+        paths
+            .flat_map(|(_, item)| item.as_object().into_iter().flatten())
+            .filter_map(|(_, op)| Some((op.get("operationId")?.as_str()?, op)))
+            .collect()
+    }
+
+    /// A link names its target by operation id, so ids must be unique (OpenAPI requires it);
+    /// `GET /v2/templates` and `GET /v2/sandboxes` were both `list_v2`.
+    #[test]
+    fn operation_ids_are_unique() {
+        let doc: Value = serde_json::from_str(&document_json()).unwrap_or_default();
+        let mut ids: Vec<&str> = operations(&doc).into_iter().map(|(id, _)| id).collect();
+        let all = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert!(
+            all > 20 && ids.len() == all,
+            "duplicate operation ids in {ids:?}"
+        );
+    }
+
+    /// Every link leaves a declared response, names a declared operation, and puts its value
+    /// into a parameter or body field that operation declares.
+    #[test]
+    fn links_connect_declared_operations() {
+        let doc: Value = serde_json::from_str(&document_json()).unwrap_or_default();
+        let ops = operations(&doc);
+        let find = |id: &str| ops.iter().find(|(i, _)| *i == id).map(|(_, op)| *op);
+        let mut links = 0;
+        for &(source, status, ..) in LINK_SOURCES {
+            let op = find(source).unwrap_or_else(|| panic!("no operation {source}"));
+            let declared = op["responses"][status]["links"].as_object();
+            let declared = declared.unwrap_or_else(|| panic!("no links on {source} {status}"));
+            for (name, link) in declared {
+                links += 1;
+                let target = link["operationId"].as_str().unwrap_or_default();
+                let target_op = find(target).unwrap_or_else(|| panic!("{name}: no {target}"));
+                for (parameter, value) in link["parameters"].as_object().into_iter().flatten() {
+                    let (location, param) = parameter.split_once('.').unwrap_or_default();
+                    let params = target_op["parameters"].as_array().into_iter().flatten();
+                    assert!(
+                        params
+                            .into_iter()
+                            .any(|p| p["in"] == location && p["name"] == param),
+                        "{source} {status} -> {target}: {parameter} is not a parameter"
+                    );
+                    assert!(
+                        value
+                            .as_str()
+                            .is_some_and(|v| v.starts_with("$response.body#"))
+                    );
+                }
+                if let Some(body) = link.get("requestBody").and_then(Value::as_object) {
+                    let schema = &target_op["requestBody"]["content"]["application/json"]["schema"];
+                    let name = schema["$ref"].as_str().and_then(|r| r.rsplit('/').next());
+                    let props =
+                        &doc["components"]["schemas"][name.unwrap_or_default()]["properties"];
+                    for field in body.keys() {
+                        assert!(props.get(field).is_some(), "{target} takes no {field}");
+                    }
+                }
+            }
+        }
+        let expected: usize = LINK_SOURCES.iter().map(|s| s.3.targets().len()).sum();
+        assert_eq!(
+            links, expected,
+            "every source gets the links of what it carries"
+        );
+    }
 }

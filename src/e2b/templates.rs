@@ -64,14 +64,15 @@ pub fn templates(e2b: &E2b) -> Vec<wire::Template> {
     out.into_values().collect()
 }
 
-#[utoipa::path(get, path = "/templates", tag = "templates",
+// Named for what they list: `list_v2` is the sandbox listing's, and operation ids are unique.
+#[utoipa::path(get, path = "/templates", tag = "templates", operation_id = "list_templates",
     responses((status = 200, body = [wire::Template]), (status = 401, body = ErrorBody)),
     security(("ApiKeyAuth" = [])))]
 pub async fn list(e2b: web::Data<E2b>, _tenant: Tenant) -> ApiResult<HttpResponse> {
     Ok(HttpResponse::Ok().json(templates(&e2b)))
 }
 
-#[utoipa::path(get, path = "/v2/templates", tag = "templates",
+#[utoipa::path(get, path = "/v2/templates", tag = "templates", operation_id = "list_templates_v2",
     responses((status = 200, body = [wire::Template]), (status = 401, body = ErrorBody)),
     security(("ApiKeyAuth" = [])))]
 pub async fn list_v2(e2b: web::Data<E2b>, _tenant: Tenant) -> ApiResult<HttpResponse> {

@@ -2,15 +2,16 @@
 # The hostile-input figures of RELIABILITY.md from one command: runs the parser properties
 # (tests/fuzz_parsers.rs) and the continue-token property over HTTP (tests/hostile_http.rs)
 # with FUZZ_CASES cases each, and schemathesis (tests/schema_fuzz.rs) for SCHEMA_FUZZ_SECONDS
-# per document, then rewrites the section
+# per document and SCHEMA_FUZZ_STATEFUL_SECONDS of stateful sequences, then rewrites the section
 # between the `hostile-input:figures` markers in RELIABILITY.md with what they printed.
 # CI runs the same tests with their short defaults through `cargo test --locked`.
-#   FUZZ_CASES=4096 SCHEMA_FUZZ_SECONDS=180 SCHEMA_FUZZ_EXAMPLES=100 tests/fuzz/report.sh
+#   FUZZ_CASES=4096 SCHEMA_FUZZ_SECONDS=180 SCHEMA_FUZZ_STATEFUL_SECONDS=180 SCHEMA_FUZZ_EXAMPLES=100 tests/fuzz/report.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 export FUZZ_CASES="${FUZZ_CASES:-4096}"
 export SCHEMA_FUZZ_SECONDS="${SCHEMA_FUZZ_SECONDS:-180}"
+export SCHEMA_FUZZ_STATEFUL_SECONDS="${SCHEMA_FUZZ_STATEFUL_SECONDS:-180}"
 export SCHEMA_FUZZ_EXAMPLES="${SCHEMA_FUZZ_EXAMPLES:-100}"
 
 bash tests/e2b/setup.sh
@@ -35,7 +36,7 @@ figures="$(mktemp)"
 {
     echo "<!-- hostile-input:figures:begin (written by tests/fuzz/report.sh) -->"
     echo "Run of $(date -u +%Y-%m-%d) on $(nproc) cores, commit $(git rev-parse --short HEAD):"
-    echo "\`FUZZ_CASES=$FUZZ_CASES SCHEMA_FUZZ_SECONDS=$SCHEMA_FUZZ_SECONDS SCHEMA_FUZZ_EXAMPLES=$SCHEMA_FUZZ_EXAMPLES tests/fuzz/report.sh\`."
+    echo "\`FUZZ_CASES=$FUZZ_CASES SCHEMA_FUZZ_SECONDS=$SCHEMA_FUZZ_SECONDS SCHEMA_FUZZ_STATEFUL_SECONDS=$SCHEMA_FUZZ_STATEFUL_SECONDS SCHEMA_FUZZ_EXAMPLES=$SCHEMA_FUZZ_EXAMPLES tests/fuzz/report.sh\`."
     echo
     echo "| Target | Cases | Time (s) |"
     echo "|---|---:|---:|"
