@@ -964,3 +964,84 @@ async fn openapi_document_is_current() {
     }
     assert!(doc["components"]["securitySchemes"]["ApiKeyAuth"].is_object());
 }
+
+/// `chattr +i` on a file until dropped (also when the test fails, so that the temporary
+/// directory can be removed).
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn set(path: std::path::PathBuf) -> Option<Immutable> {
+        let ok = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Immutable(path))
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_destroy_that_fails_is_retried_until_nothing_is_left() {
+    // An overloaded host can hold a released sandbox's processes past the runtime's wait; the
+    // node must try again rather than leave the instance behind. Here the failure is an
+    // immutable file in the instance directory, which makes its removal fail until lifted.
+    let (tmp, _) = workspace();
+    let mut gw = Gateway::start(tmp.path(), &["--pool", "base=1"]);
+    let sandboxes = gw.data.join("node/sandboxes");
+    eventually(Duration::from_secs(60), "a warm sandbox", || {
+        dir_entries(&sandboxes).len() == 1
+    })
+    .await;
+    let instance = sandboxes.join(&dir_entries(&sandboxes)[0]);
+    let created = gw.create(KEY_A, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let Some(pinned) = Immutable::set(instance.join("boot.json")) else {
+        eprintln!(
+            "SKIPPED a_destroy_that_fails_is_retried_until_nothing_is_left: chattr +i is not supported under {}",
+            tmp.path().display()
+        );
+        return;
+    };
+    assert_eq!(gw.kill(KEY_A, &id).await, StatusCode::NO_CONTENT);
+    eventually(
+        Duration::from_secs(30),
+        "a failed destroy to be retried",
+        || {
+            gw.proc
+                .stderr_lines()
+                .iter()
+                .any(|l| l.contains("destroying an instance failed; retrying"))
+        },
+    )
+    .await;
+    assert!(instance.exists(), "the instance went despite the failure");
+    drop(pinned);
+    eventually(
+        Duration::from_secs(40),
+        "the instance to be destroyed on a retry",
+        || !instance.exists(),
+    )
+    .await;
+    assert!(
+        gw.proc
+            .stderr_lines()
+            .iter()
+            .any(|l| l.contains("destroyed an instance after retrying")),
+        "{:?}",
+        gw.proc.stderr_lines()
+    );
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[sandboxes]).await;
+}

@@ -405,7 +405,8 @@ pub fn render_lists(o: &mut String, b: &ListBench) {
          serialized whole into one buffer, sent as one body), served side by side on another \
          route over the same view; \"streamed\" is the facade's route now: each entry's object is \
          serialized once per revision and kept with the view entry, and the body is written in \
-         64 KiB chunks as the connection takes them (a Table row's age is written per request). \
+         chunks of {} KiB as the connection takes them (a Table row's age is written per \
+         request). \
          Cold is the first list after the view was built (nothing rendered yet); then {} warm \
          lists each. Memory: the gateway is this process, so its growth is VmHWM after the list \
          minus VmRSS before (peak reset with `/proc/self/clear_refs`); heap is the most bytes \
@@ -414,6 +415,7 @@ pub fn render_lists(o: &mut String, b: &ListBench) {
         b.nodes,
         b.sandboxes / b.nodes.max(1),
         b.sandboxes,
+        sandbox_gateway::httpx::BODY_CHUNK / 1024,
         b.runs
     );
     let _ = writeln!(

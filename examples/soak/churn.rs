@@ -28,12 +28,62 @@ pub struct ChurnRun {
     /// Per process: RSS at the start and the end (KiB), and the fitted slope in KiB per
     /// 1000 cycles over the run's second half.
     pub memory: Vec<(String, u64, u64, f64)>,
+    /// Per gateway: the cycle from which its read view held a full window of changes
+    /// (`read_view::HISTORY`), and the RSS slope from there on (None if the run ended first).
+    pub windowed: Vec<Option<(usize, f64)>>,
 }
 
 /// Failures kept whole for the report.
 const KEPT_FAILURES: usize = 20;
 
 const KUBE: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes";
+
+/// A gateway's read-view revision, a list's `resourceVersion`: it starts from a base chosen
+/// at the gateway's start and counts every change after (0 when the list fails; the sampler
+/// tries again).
+async fn revision(fleet: &Fleet, gw: usize) -> u64 {
+    let Some(base) = fleet.gateways[gw].kube_address.as_ref() else {
+        return 0;
+    };
+    let listed = async {
+        let r = fleet.https[gw]
+            .get(format!("{base}{KUBE}?limit=1"))
+            .bearer_auth("e2b_soak")
+            .send()
+            .await?;
+        let v: serde_json::Value = r.json().await?;
+        Res::Ok(
+            v["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+        )
+    };
+    listed.await.unwrap_or(0)
+}
+
+/// The slope of RSS (column `j`) over the samples from the first one in which gateway `gw`
+/// had seen `window` changes since the first sample, with that sample's cycle; None if fewer
+/// than 10 samples follow.
+fn windowed_slope(samples: &[Sample], gw: usize, j: usize, window: u64) -> Option<(usize, f64)> {
+    let base = samples.iter().map(|s| s.revisions[gw]).find(|r| *r > 0)?;
+    let from = samples
+        .iter()
+        .position(|s| s.revisions[gw].saturating_sub(base) >= window)?;
+    let points: Vec<(f64, f64)> = samples[from..]
+        .iter()
+        .map(|s| (s.done as f64, s.rss[j] as f64))
+        .collect();
+    (points.len() >= 10).then(|| (samples[from].done, slope_per_1000(&points)))
+}
+
+/// What the sampler saw at one moment: cycles done, each process's RSS (KiB), each gateway's
+/// view revision.
+struct Sample {
+    done: usize,
+    rss: Vec<u64>,
+    revisions: Vec<u64>,
+}
 
 async fn e2b_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
     let url = &fleet.gateways[gw].address;
@@ -167,12 +217,21 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
     let done = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let sampler = {
-        let (done, procs) = (done.clone(), procs.clone());
+        let (done, procs, fleet) = (done.clone(), procs.clone(), fleet.clone());
         tokio::spawn(async move {
-            let mut samples: Vec<(usize, Vec<u64>)> = Vec::new();
+            let mut samples: Vec<Sample> = Vec::new();
             loop {
                 let d = done.load(Ordering::Relaxed);
-                samples.push((d, procs.iter().map(|(_, p)| rss_kib(*p)).collect()));
+                let rss = procs.iter().map(|(_, p)| rss_kib(*p)).collect();
+                let mut revisions = Vec::new();
+                for gw in 0..fleet.gateways.len() {
+                    revisions.push(revision(&fleet, gw).await);
+                }
+                samples.push(Sample {
+                    done: d,
+                    rss,
+                    revisions,
+                });
                 if d >= cycles {
                     return samples;
                 }
@@ -242,8 +301,8 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
         .map(|(j, (label, pid))| {
             let points: Vec<(f64, f64)> = samples
                 .iter()
-                .filter(|(d, _)| *d >= half)
-                .map(|(d, rss)| (*d as f64, rss[j] as f64))
+                .filter(|s| s.done >= half)
+                .map(|s| (s.done as f64, s.rss[j] as f64))
                 .collect();
             (
                 label.clone(),
@@ -252,6 +311,11 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
                 slope_per_1000(&points),
             )
         })
+        .collect();
+    // Gateways come first in `procs`.
+    let window = sandbox_gateway::dispatch::read_view::HISTORY as u64;
+    let windowed = (0..fleet.gateways.len())
+        .map(|gw| windowed_slope(&samples, gw, gw, window))
         .collect();
     Ok(ChurnRun {
         cycles,
@@ -264,6 +328,7 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
         before,
         after,
         memory,
+        windowed,
     })
 }
 
@@ -277,5 +342,26 @@ mod tests {
         assert_eq!(slope_per_1000(&flat), 0.0);
         let rising: Vec<(f64, f64)> = (0..10).map(|i| (i as f64 * 100.0, i as f64)).collect();
         assert!((slope_per_1000(&rising) - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_windowed_slope_starts_where_the_window_is_full() {
+        // RSS rises until the revision reaches the window, then stays flat.
+        let samples: Vec<Sample> = (0..40)
+            .map(|i| Sample {
+                done: i * 100,
+                rss: vec![(i.min(20) * 10) as u64],
+                revisions: vec![1_000_000 + i as u64 * 50],
+            })
+            .collect();
+        assert_eq!(windowed_slope(&samples, 0, 0, 1000), Some((2000, 0.0)));
+        // A window never reached, or reached too late to fit, gives no slope.
+        assert_eq!(windowed_slope(&samples, 0, 0, 5000), None);
+        assert_eq!(windowed_slope(&samples, 0, 0, 1900), None);
+        // A failed read (0) counts neither as the base nor as the window reached.
+        let mut failed = samples;
+        failed[0].revisions[0] = 0;
+        failed[25].revisions[0] = 0;
+        assert_eq!(windowed_slope(&failed, 0, 0, 950), Some((2000, 0.0)));
     }
 }

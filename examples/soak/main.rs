@@ -65,12 +65,13 @@ fn render(command: &str, run: &churn::ChurnRun, cases: &[faults::Case]) -> Strin
     let _ = writeln!(o, "{BEGIN}\n## Churn and faults\n");
     let _ = writeln!(
         o,
-        "Measured {} on {} with `{command}`: {} nodes (`base/egress` warm pools of {}) behind {} gateway replicas, all on loopback. Each cycle alternates the replicas; pairs of cycles alternate the surfaces: an e2b cycle creates a sandbox, runs `echo N` through the gateway's data plane and checks the output, then kills it; a Kubernetes cycle creates a Sandbox object, reads it and deletes it. Memory is sampled every 0.5 s; the slope is a least-squares fit of RSS against cycles done over the run's second half.\n",
+        "Measured {} on {} with `{command}`: {} nodes (`base/egress` warm pools of {}) behind {} gateway replicas, all on loopback. Each cycle alternates the replicas; pairs of cycles alternate the surfaces: an e2b cycle creates a sandbox, runs `echo N` through the gateway's data plane and checks the output, then kills it; a Kubernetes cycle creates a Sandbox object, reads it and deletes it. Memory is sampled every 0.5 s; a slope is a least-squares fit of RSS against cycles done, over the run's second half, and for a gateway also over the part of the run in which its read view already held its full window of {} changes (each change keeps its sandbox's record for resuming watches, so a gateway grows until then; its revision, read from a list every 0.5 s, counts the changes).\n",
         chrono::Utc::now().format("%Y-%m-%d"),
         common::machine(),
         fleet::NODES,
         fleet::POOL,
         fleet::GATEWAYS,
+        sandbox_gateway::dispatch::read_view::HISTORY,
     );
     let failed: usize = run.errors.values().sum();
     let _ = writeln!(
@@ -113,12 +114,17 @@ fn render(command: &str, run: &churn::ChurnRun, cases: &[faults::Case]) -> Strin
     );
     let _ = writeln!(
         o,
-        "| process | RSS before | RSS after | slope (second half) |\n|---|---|---|---|"
+        "| process | RSS before | RSS after | slope (second half) | slope once the view's change window is full |\n|---|---|---|---|---|"
     );
-    for (label, before, after, slope) in &run.memory {
+    for (i, (label, before, after, slope)) in run.memory.iter().enumerate() {
+        let windowed = match run.windowed.get(i) {
+            Some(Some((from, s))) => format!("{s:+.1} KiB per 1000 cycles (from cycle {from})"),
+            Some(None) => "not reached in this run".to_string(),
+            None => "—".to_string(),
+        };
         let _ = writeln!(
             o,
-            "| {label} | {:.1} MiB | {:.1} MiB | {slope:+.1} KiB per 1000 cycles |",
+            "| {label} | {:.1} MiB | {:.1} MiB | {slope:+.1} KiB per 1000 cycles | {windowed} |",
             *before as f64 / 1024.0,
             *after as f64 / 1024.0
         );

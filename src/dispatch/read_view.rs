@@ -13,9 +13,12 @@ use tokio::sync::broadcast;
 use super::forms::Forms;
 use crate::model::{InventoryChange, InventoryEvent, SandboxRecord};
 
-/// Changes kept for watches that resume from an older revision.
-const HISTORY: usize = 16_384;
-const BROADCAST: usize = 16_384;
+/// Changes kept for watches that resume from an older revision. Each holds its sandbox's
+/// record (and the one before a modification), so a gateway's memory grows until this many
+/// changes have happened; the soak driver measures its slope after that.
+pub const HISTORY: usize = 16_384;
+/// Changes a watcher may fall behind by; the channel's slots hold the same events as `history`.
+const BROADCAST: usize = HISTORY;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ViewEventKind {

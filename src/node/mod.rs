@@ -19,7 +19,7 @@ mod store;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, broadcast};
@@ -30,6 +30,7 @@ pub use config::{NodeConfig, Paths};
 use runtime::{Instance, Runtime};
 use store::{IndexFile, PersistedClaim};
 
+use crate::cluster::backoff::{self, Backoff};
 use crate::model::{
     self, CheckpointRecord, Error, InventoryChange, InventoryEvent, LostClaim, NodeInfo,
     NodeLimits, PoolKey, PoolStatus, Result, SandboxRecord, ids,
@@ -38,6 +39,8 @@ use crate::templates::{Template, TemplateStore};
 
 /// How many lost claims a node remembers and reports.
 const LOST_MEMORY: usize = 1000;
+/// How long a failed background destroy is retried (see `destroy_later`).
+const DESTROY_RETRY_FOR: Duration = Duration::from_secs(600);
 /// How long a node waits for the data directory of a node that just ended.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const EVENT_BUFFER: usize = 4096;
@@ -464,12 +467,34 @@ impl<R: Runtime> Node<R> {
         self.inner.wake_reaper.notify_one();
     }
 
-    /// Destroys an instance without making the caller wait; shutdown waits for it.
+    /// Destroys an instance without making the caller wait; shutdown waits for it. A failed
+    /// destroy is retried with backoff for `DESTROY_RETRY_FOR` (once more when the node is
+    /// closing): on an overloaded host a sandbox's processes can take longer to exit than the
+    /// runtime waits (network namespaces being torn down hold them), and giving up would leave
+    /// the instance's directory, disk and cgroups behind until the node restarts.
     fn destroy_later(&self, instance: Instance<R::Handle>, why: &'static str) {
         let node = self.clone();
         self.inner.tasks.spawn(async move {
-            if let Err(e) = node.inner.runtime.destroy(&instance).await {
-                tracing::error!(instance = %instance.id, error = %e, why, "destroying an instance failed");
+            let started = Instant::now();
+            let mut retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+            loop {
+                let Err(e) = node.inner.runtime.destroy(&instance).await else {
+                    if retry.failures() > 0 {
+                        tracing::info!(instance = %instance.id, attempts = retry.failures() + 1, why, "destroyed an instance after retrying");
+                    }
+                    return;
+                };
+                let shutdown = &node.inner.shutdown;
+                if shutdown.is_cancelled() || started.elapsed() >= DESTROY_RETRY_FOR {
+                    tracing::error!(instance = %instance.id, error = %e, why, attempts = retry.failures() + 1, "destroying an instance failed; its remains are removed when the node next starts");
+                    return;
+                }
+                let wait = retry.fail(backoff::jitter());
+                tracing::warn!(instance = %instance.id, error = %e, why, retry_in = ?wait, "destroying an instance failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.cancelled() => {}
+                }
             }
         });
     }
