@@ -4,7 +4,7 @@
 //! expected 501 is in tests/fuzz/schemathesis.toml). Bounded for CI: `SCHEMA_FUZZ_SECONDS`
 //! (default 40 per document, three documents) and `SCHEMA_FUZZ_EXAMPLES` (default 20 per
 //! operation) make it longer, `SCHEMA_FUZZ_SEED` replays a run. The `fuzz-figure` lines are
-//! what tests/fuzz/report.sh collects.
+//! what `tests/reliability.sh fuzz` collects.
 
 mod common;
 
