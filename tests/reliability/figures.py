@@ -100,9 +100,15 @@ def render_disk_full(log, meta):
         f"| create that gets a warm sandbox | {warm['status']} in {warm['ms']} ms | — |",
         f"| create that needs a boot (warm pool used up), one node | {boot['status']} in "
         f"{boot['ms']} ms, Retry-After: {boot['retry_after']}; \"{cell(boot['message'])}\" | "
-        f"instance directories beyond the {boot['claimed_dirs']} claimed: "
-        f"{boot['extra_dirs_at_answer']} when it answered (a refill's), none "
-        f"{boot['extra_dirs_gone_secs']} s later; instance cgroups: {boot['cgroups']} |",
+        f"instance directories beyond the {boot['claimed_dirs']} claimed sandboxes': "
+        + (
+            "none when it answered"
+            if boot["extra_dirs_at_answer"] == "0"
+            else f"{boot['extra_dirs_at_answer']} when it answered (a refill's), none "
+            f"{boot['extra_dirs_gone_secs']} s later"
+        )
+        + f"; instance cgroups: {boot['cgroups']}, for {boot['claimed_dirs']} claimed sandboxes "
+        "(counted, not asserted) |",
         f"| create that needs a boot, a second node with room | {nxt['created_on_roomy']} of "
         f"{nxt['creates']} answered 201 from the node with room, slowest {nxt['max_ms']} ms | "
         f"on the full node: {nxt['full_instance_dirs']} instance directories, "
