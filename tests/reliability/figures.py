@@ -152,8 +152,9 @@ def render_apiserver_outage(log, meta):
                 continue
             total = sum(int(r["count"]) for r in mine)
             statuses = ", ".join(f"{r['count']} answered {r['status']}" for r in mine)
+            of = f"{total}: " if len(mine) > 1 else ""
             slowest = max(float(r["max_ms"]) for r in mine)
-            out.append(f"| {label}: {name} | {total}: {statuses}, slowest {slowest:.1f} ms |")
+            out.append(f"| {label}: {name} | {of}{statuses}, slowest {slowest:.1f} ms |")
         return out
 
     requests = [r for r in rows if r.get("what") == "apiserver-requests"]
@@ -187,8 +188,8 @@ def render_apiserver_outage(log, meta):
         f"| {outage}: warnings logged (publish or list+watch failures) | {warned} |",
         f"| after it answered again | every node republished in {out_rec['republished_secs']} s; "
         f"the node started during the outage discovered by both replicas in "
-        f"{out_rec['n3_discovered_secs']} s; a node started after it in "
-        f"{out_rec['n4_discovered_secs']} s; all {out_rec['sandboxes_listed']} sandboxes listed "
+        f"{out_rec['n3_discovered_secs']} s; a node started after it discovered "
+        f"{out_rec['n4_discovered_secs']} s after it started; all {out_rec['sandboxes_listed']} sandboxes listed "
         f"by both replicas {out_rec['all_listed_secs']} s after |",
         *answers("refused", f"connections {refused}"),
         f"| connections {refused}: nodes known to each replica, fewest | "
