@@ -116,7 +116,7 @@ for part in "${parts[@]}"; do
     if "run_${part//-/_}" "$log" >"$section" && figures splice "$out" "$block" "$section"; then
         echo "reliability: $part done in $(($(date +%s) - part_started)) s; $out: $block block updated" >&2
     else
-        grep -E "panicked|FAILED|failed|error|Error|missing" "$log" | tail -20 >&2 || true
+        grep -E "panicked|FAILED|^error(\[|:)|^Error|test result" "$log" | tail -20 >&2 || true
         echo "reliability: $part FAILED after $(($(date +%s) - part_started)) s; its block in $out is unchanged (full output: $log)" >&2
         failed+=("$part")
     fi
