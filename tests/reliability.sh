@@ -91,7 +91,7 @@ run_disk_full() {
     local log=$1
     started=$(date +%s)
     cargo test --locked --test disk_full -- --nocapture >"$log" 2>&1 || return 1
-    figures render disk-full "$log" secs="$(elapsed)"
+    figures render disk-full "$log" secs="$(elapsed)" load="$load"
 }
 
 run_apiserver_outage() {
@@ -99,7 +99,7 @@ run_apiserver_outage() {
     started=$(date +%s)
     cargo test --locked --test cluster -- --exact apiserver_unavailable_for_a_minute --nocapture \
         >"$log" 2>&1 || return 1
-    figures render apiserver-outage "$log" secs="$(elapsed)"
+    figures render apiserver-outage "$log" secs="$(elapsed)" load="$load"
 }
 
 failed=()
@@ -113,6 +113,8 @@ for part in "${parts[@]}"; do
     esac
     echo "reliability: $part (log: $log)" >&2
     part_started=$(date +%s)
+    # The one-minute load average as the part starts, which its figures report.
+    load=$(cut -d' ' -f1 /proc/loadavg)
     if "run_${part//-/_}" "$log" >"$section" && figures splice "$out" "$block" "$section"; then
         echo "reliability: $part done in $(($(date +%s) - part_started)) s; $out: $block block updated" >&2
     else

@@ -69,8 +69,17 @@ def run_of():
     )
 
 
+def load():
+    """The machine's load: latencies on a shared machine are only comparable with it."""
+    with open("/proc/loadavg", encoding="utf-8") as f:
+        return f.read().split()[0]
+
+
 def run_line(meta, command):
-    return f"{run_of()}: `{command}`, {meta['secs']} s in all (including cargo's build check)."
+    return (
+        f"{run_of()}: `{command}`, {meta['secs']} s in all (including cargo's build check); "
+        f"load average {meta.get('load', '?')} at the start, {load()} at the end."
+    )
 
 
 def render_disk_full(log, meta):
