@@ -377,6 +377,7 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     ]);
 
     // Space comes back: the snapshot works and is listed, and the pool refills.
+    let warm_while_full = warm(&gw).await;
     std::fs::remove_file(&filler).unwrap();
     let freed_at = Instant::now();
     let s = snapshot(&gw, &a_id).await;
@@ -394,6 +395,7 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
         ("snapshot_status", s.status.as_u16().to_string()),
         ("snapshot_ms", ms(took)),
         ("listed", listed.len().to_string()),
+        ("warm_while_full", warm_while_full.to_string()),
         ("refill_secs", secs(refilled)),
     ]);
 

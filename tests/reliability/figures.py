@@ -128,8 +128,8 @@ def render_disk_full(log, meta):
         f"| a sandbox writing 8 MiB to its own disk | `dd`: \"{cell(write['dd'])}\"; `sync` "
         f"exit {write['sync']}; reading it back exit {write['read']} | on the host: see below |",
         f"| space freed | snapshot {freed['snapshot_status']} in {freed['snapshot_ms']} ms, "
-        f"{freed['listed']} listed; the warm pool full again {freed['refill_secs']} s after "
-        "the filler was removed | — |",
+        f"{freed['listed']} listed; warm sandboxes just before the filler was removed: "
+        f"{freed['warm_while_full']}; the pool full (1) {freed['refill_secs']} s after | — |",
         f"| everything deleted, the gateway stopped | — | {end['processes']} processes, "
         f"{end['instance_dirs']} instance directories, {end['checkpoint_entries']} entries "
         f"under `checkpoints/`, {end['cgroups']} instance cgroups, "
