@@ -529,7 +529,7 @@ fn log_count(proc: &Proc, needle: &str) -> usize {
         .count()
 }
 
-/// What the client saw, for the reliability report.
+/// What the client saw: answers by operation and status, with the slowest of each.
 #[derive(Default)]
 struct Seen {
     by_op: std::collections::BTreeMap<(&'static str, u16), (usize, Duration)>,
@@ -542,24 +542,44 @@ impl Seen {
         e.1 = e.1.max(took);
     }
 
-    fn report(&self) -> String {
-        self.by_op
-            .iter()
-            .map(|((op, status), (n, max))| format!("{op} {status}: {n} (max {max:?})"))
-            .collect::<Vec<_>>()
-            .join(", ")
+    /// One `answers` figure line per operation and status.
+    fn figures(&self, figures: &mut Figures, phase: &str) {
+        for ((op, status), (n, max)) in &self.by_op {
+            figures.add(&[
+                ("what", "answers".into()),
+                ("phase", phase.into()),
+                ("op", op.to_string()),
+                ("status", status.to_string()),
+                ("count", n.to_string()),
+                ("max_ms", ms(*max)),
+            ]);
+        }
     }
+}
+
+/// How long the apiserver answers 503: `APISERVER_OUTAGE_SECONDS`, 60 by default (what CI
+/// runs), so three times the gateways' 20 s staleness bound.
+fn outage_length() -> Duration {
+    let secs = std::env::var("APISERVER_OUTAGE_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(60);
+    Duration::from_secs(secs)
 }
 
 /// kube-apiserver is unavailable for a minute (503 to everything, watches cut), then
 /// refuses connections for a while: sandboxes keep working through both gateways, neither
 /// drops a node it knew, nodes and gateways retry with backoff, and once it is back the
 /// nodes' objects are fresh again, the watches resume (a node started during the outage and
-/// one started after it are discovered) and every sandbox is listed.
+/// one started after it are discovered) and every sandbox is listed. It ends by printing its
+/// `apiserver-outage-figure` lines, which `tests/reliability.sh apiserver-outage` turns into
+/// RELIABILITY.md's table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apiserver_unavailable_for_a_minute() {
-    const OUTAGE: Duration = Duration::from_secs(60);
+    let outage = outage_length();
     const REFUSED: Duration = Duration::from_secs(20);
+    const STALE_SECONDS: &str = "20";
     let (tmp, token) = workspace();
     let mut cluster = fake_kube::start(tmp.path());
     let kubeconfig = cluster.node_kubeconfig.display().to_string();
@@ -593,7 +613,7 @@ async fn apiserver_unavailable_for_a_minute() {
         "--kubeconfig",
         &gateway_kubeconfig,
         "--inventory-stale-seconds",
-        "20",
+        STALE_SECONDS,
         "--node-token-file",
         &token_arg,
     ];
@@ -634,13 +654,25 @@ async fn apiserver_unavailable_for_a_minute() {
         .iter()
         .map(|n| log_count(&n.proc, "publishing the node inventory failed"))
         .collect();
+    let mut figures = Figures::new("apiserver-outage");
+    figures.add(&[
+        ("what", "run".into()),
+        ("outage_secs", outage.as_secs().to_string()),
+        ("refused_secs", REFUSED.as_secs().to_string()),
+        ("stale_secs", STALE_SECONDS.into()),
+        ("nodes", nodes.len().to_string()),
+        ("gateways", gws.len().to_string()),
+        ("sandboxes_before", kept.len().to_string()),
+    ]);
     cluster.outage(true);
     let down_at = Instant::now();
     let mut seen = Seen::default();
+    // The fewest nodes either replica knew and counted up at any round of the outage.
+    let (mut known_min, mut up_min) = (i64::MAX, i64::MAX);
     // Made by each replica during the outage (it lists its own at once).
     let mut made_by: [Vec<String>; 2] = [Vec::new(), Vec::new()];
     let mut round = 0usize;
-    while down_at.elapsed() < OUTAGE {
+    while down_at.elapsed() < outage {
         if round == 3 {
             // A node that starts while the apiserver is down: it serves, and publishes
             // once it can.
@@ -675,18 +707,10 @@ async fn apiserver_unavailable_for_a_minute() {
         assert_eq!(status, StatusCode::NO_CONTENT);
         // Neither replica drops a node because it cannot refresh its object.
         for gw in &gws {
-            assert_eq!(
-                known(gw).await,
-                2,
-                "nodes known {:?} into the outage",
-                down_at.elapsed()
-            );
-            assert_eq!(
-                up(gw).await,
-                2,
-                "nodes up {:?} into the outage",
-                down_at.elapsed()
-            );
+            let (k, u) = (known(gw).await, up(gw).await);
+            (known_min, up_min) = (known_min.min(k), up_min.min(u));
+            assert_eq!(k, 2, "nodes known {:?} into the outage", down_at.elapsed());
+            assert_eq!(u, 2, "nodes up {:?} into the outage", down_at.elapsed());
         }
         round += 1;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -723,17 +747,54 @@ async fn apiserver_unavailable_for_a_minute() {
     // kube client's own retries make each attempt a short burst of requests).
     let (node_requests, gateway_requests) = (by_token("node-sa"), by_token("gateway-sa"));
     assert!(node_requests > 0 && gateway_requests > 0);
+    seen.figures(&mut figures, "outage");
+    figures.add(&[
+        ("what", "nodes-seen".into()),
+        ("phase", "outage".into()),
+        ("known_min", known_min.to_string()),
+        ("up_min", up_min.to_string()),
+    ]);
+    for (token, n) in [("node-sa", node_requests), ("gateway-sa", gateway_requests)] {
+        figures.add(&[
+            ("what", "apiserver-requests".into()),
+            ("phase", "outage".into()),
+            ("token", token.into()),
+            ("count", n.to_string()),
+            (
+                "answered_503",
+                outage_requests
+                    .iter()
+                    .filter(|r| r.token == token && r.status == 503)
+                    .count()
+                    .to_string(),
+            ),
+        ]);
+    }
+    // At most 15 warnings a minute (the bound for the 60 s outage CI runs).
+    let most = 15 * outage.as_secs().div_ceil(60) as usize;
     for (i, n) in nodes.iter().enumerate().take(2) {
         let lines = log_count(&n.proc, "publishing the node inventory failed") - logs_before[i];
         assert!(
-            (1..=15).contains(&lines),
-            "{}: {lines} publish failures logged in a minute",
+            (1..=most).contains(&lines),
+            "{}: {lines} publish failures logged in {outage:?}",
             n.name
         );
+        figures.add(&[
+            ("what", "warnings".into()),
+            ("phase", "outage".into()),
+            ("process", n.name.clone()),
+            ("lines", lines.to_string()),
+        ]);
     }
-    for gw in &gws {
+    for (i, gw) in gws.iter().enumerate() {
         let lines = log_count(&gw.proc, "NodeInventory list+watch failed");
-        assert!((1..=15).contains(&lines), "{lines} watch failures logged");
+        assert!((1..=most).contains(&lines), "{lines} watch failures logged");
+        figures.add(&[
+            ("what", "warnings".into()),
+            ("phase", "outage".into()),
+            ("process", format!("gw{}", i + 1)),
+            ("lines", lines.to_string()),
+        ]);
     }
 
     // ----- back: the objects are fresh again, the watches resume -----
@@ -763,12 +824,14 @@ async fn apiserver_unavailable_for_a_minute() {
     let rediscovered = up_at.elapsed();
     // A node started after the outage is discovered too.
     nodes.push(node("n4"));
+    let n4_started = Instant::now();
     for gw in &gws {
         until("n4 discovered", Duration::from_secs(30), async || {
             known(gw).await == 4
         })
         .await;
     }
+    let n4_discovered = n4_started.elapsed();
     // Nothing is lost: each replica lists every sandbox, also those the other made during
     // the outage (which it learns only from the republished inventories).
     all_listed(
@@ -778,12 +841,22 @@ async fn apiserver_unavailable_for_a_minute() {
         Duration::from_secs(20),
     )
     .await;
+    figures.add(&[
+        ("what", "recovery".into()),
+        ("phase", "outage".into()),
+        ("republished_secs", secs(republished)),
+        ("n3_discovered_secs", secs(rediscovered)),
+        ("n4_discovered_secs", secs(n4_discovered)),
+        ("all_listed_secs", secs(up_at.elapsed())),
+        ("sandboxes_listed", kept.len().to_string()),
+    ]);
 
     // ----- connections refused for a while (the apiserver process gone) -----
     let before_refused = cluster.kube.resource_version();
     cluster.refuse_connections().await;
     let refused_at = Instant::now();
     let mut refused_seen = Seen::default();
+    let mut known_min = i64::MAX;
     while refused_at.elapsed() < REFUSED {
         let (status, id, took) = create_for(&gws[0]).await;
         refused_seen.note("create", status, took);
@@ -795,12 +868,9 @@ async fn apiserver_unavailable_for_a_minute() {
         assert_eq!(got.status, StatusCode::OK);
         kept.push(id);
         for gw in &gws {
-            assert_eq!(
-                known(gw).await,
-                4,
-                "nodes known {:?} into refusals",
-                refused_at.elapsed()
-            );
+            let k = known(gw).await;
+            known_min = known_min.min(k);
+            assert_eq!(k, 4, "nodes known {:?} into refusals", refused_at.elapsed());
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -827,11 +897,28 @@ async fn apiserver_unavailable_for_a_minute() {
     )
     .await;
     let refused_recovered = accepted_at.elapsed();
+    refused_seen.figures(&mut figures, "refused");
+    figures.add(&[
+        ("what", "nodes-seen".into()),
+        ("phase", "refused".into()),
+        ("known_min", known_min.to_string()),
+    ]);
+    figures.add(&[
+        ("what", "recovery".into()),
+        ("phase", "refused".into()),
+        ("all_listed_secs", secs(refused_recovered)),
+        ("sandboxes_listed", kept.len().to_string()),
+    ]);
 
     // No node ever left either replica's fleet, nobody exited or panicked.
+    let (mut left_lines, mut panics) = (0, 0);
     for gw in &mut gws {
         assert!(gw.proc.running(), "the gateway is still up");
         let logs = gw.proc.stderr_lines();
+        left_lines += logs
+            .iter()
+            .filter(|l| l.contains("node left the fleet"))
+            .count();
         assert!(
             !logs.iter().any(|l| l.contains("node left the fleet")),
             "{:?}",
@@ -839,32 +926,21 @@ async fn apiserver_unavailable_for_a_minute() {
                 .filter(|l| l.contains("left"))
                 .collect::<Vec<_>>()
         );
+        panics += logs.iter().filter(|l| l.contains("panicked")).count();
         assert!(!logs.iter().any(|l| l.contains("panicked")));
     }
     for n in &mut nodes {
         assert!(n.proc.running(), "{} is still up", n.name);
-        assert!(!n.proc.stderr_lines().iter().any(|l| l.contains("panicked")));
+        let logs = n.proc.stderr_lines();
+        panics += logs.iter().filter(|l| l.contains("panicked")).count();
+        assert!(!logs.iter().any(|l| l.contains("panicked")));
     }
+    let mut answered_200 = 0;
     for id in &kept {
         let got = gws[1].get(KEY_A, id).await;
         assert_eq!(got.status, StatusCode::OK, "{id}: {:?}", got.body);
+        answered_200 += 1;
     }
-
-    eprintln!(
-        "apiserver outage report: 503 for {OUTAGE:?}: {}; requests during it: nodes {node_requests}, gateways {gateway_requests} (all 503); \
-         publish-failure log lines per node {:?}, watch-failure log lines per gateway {:?}; \
-         objects republished {republished:?} after it ended, n3 discovered {rediscovered:?} after; \
-         connections refused for {REFUSED:?}: {}; all republished and listed {refused_recovered:?} after",
-        seen.report(),
-        nodes
-            .iter()
-            .map(|n| log_count(&n.proc, "publishing the node inventory failed"))
-            .collect::<Vec<_>>(),
-        gws.iter()
-            .map(|g| log_count(&g.proc, "NodeInventory list+watch failed"))
-            .collect::<Vec<_>>(),
-        refused_seen.report(),
-    );
 
     for id in &kept {
         assert_eq!(gws[0].kill(KEY_A, id).await, StatusCode::NO_CONTENT, "{id}");
@@ -878,4 +954,22 @@ async fn apiserver_unavailable_for_a_minute() {
     }
     cluster.handle.stop(true).await;
     assert_no_leaks(tmp.path(), &dirs).await;
+    // Counted after the assertions, so these are what the run left, not what it expected.
+    figures.add(&[
+        ("what", "end".into()),
+        ("sandboxes", kept.len().to_string()),
+        ("get_200", answered_200.to_string()),
+        ("node_left_lines", left_lines.to_string()),
+        ("panics", panics.to_string()),
+        ("nodes", nodes.len().to_string()),
+        ("processes", processes_under(tmp.path()).len().to_string()),
+        (
+            "instance_dirs",
+            dirs.iter()
+                .map(|d| dir_entries(d).len())
+                .sum::<usize>()
+                .to_string(),
+        ),
+    ]);
+    figures.print();
 }

@@ -2,14 +2,16 @@
 //! the node's data directory is a small tmpfs that the test fills up. A snapshot answers 507
 //! and leaves nothing listed or on disk, a create that needs a boot answers 503 (nothing was
 //! claimed; come back later) and leaves no instance directory, running sandboxes keep
-//! running, and once space is freed snapshots work and the pool refills.
+//! running, and once space is freed snapshots work and the pool refills. Each test ends by
+//! printing its `disk-full-figure` lines (what the client got, how long it took, what was
+//! left on disk), which `tests/reliability.sh disk-full` turns into RELIABILITY.md's table.
 
 mod common;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use reqwest::{Method, StatusCode};
@@ -68,8 +70,9 @@ fn free_bytes(path: &Path) -> u64 {
     st.blocks_available() * st.fragment_size()
 }
 
-/// Fills the file system holding `dir` until `LEFT_FREE` bytes are left; returns the filler.
-fn fill(dir: &Path) -> PathBuf {
+/// Fills the file system holding `dir` until `LEFT_FREE` bytes are left; returns the filler
+/// and the bytes then free.
+fn fill(dir: &Path) -> (PathBuf, u64) {
     let path = dir.join("filler");
     let f = std::fs::File::create(&path).expect("create filler");
     let len = free_bytes(dir).saturating_sub(LEFT_FREE);
@@ -77,11 +80,9 @@ fn fill(dir: &Path) -> PathBuf {
     // SAFETY: fallocate on a descriptor we own; tmpfs allocates the pages now.
     let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
     assert_eq!(rc, 0, "fallocate: {}", std::io::Error::last_os_error());
-    assert!(
-        free_bytes(dir) <= LEFT_FREE + (64 << 10),
-        "the tmpfs is full"
-    );
-    path
+    let free = free_bytes(dir);
+    assert!(free <= LEFT_FREE + (64 << 10), "the tmpfs is full");
+    (path, free)
 }
 
 /// An error reply: JSON `{code, message}` with the code equal to the status.
@@ -96,6 +97,20 @@ fn assert_error(r: &Reply, status: u16, needles: &[&str]) {
         needles.iter().any(|n| msg.contains(n)),
         "{msg:?} should mention one of {needles:?}"
     );
+}
+
+/// A header of a reply as the figures give it: its value, or `none`.
+fn header(r: &Reply, name: &str) -> String {
+    r.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_string()
+}
+
+/// The `message` of an error reply, for the figures.
+fn message(r: &Reply) -> String {
+    r.body["message"].as_str().unwrap_or_default().to_string()
 }
 
 /// Warm `base` sandboxes the gateway sees, summed over its pools.
@@ -225,27 +240,46 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     assert_eq!(booted.len(), 2, "one claimed and one warm: {booted:?}");
 
     // The disk fills up.
-    let filler = fill(&node_dir);
+    let (filler, free) = fill(&node_dir);
+    let mut figures = Figures::new("disk-full");
+    figures.add(&[
+        ("case", "fill".into()),
+        ("tmpfs_bytes", TMPFS_BYTES.to_string()),
+        ("free_bytes", free.to_string()),
+    ]);
 
     // A snapshot needs a copy of the sandbox's disk: 507, a message about space, not
     // listed, and nothing left under checkpoints/.
+    let started = Instant::now();
     let r = snapshot(&gw, &a_id).await;
+    let took = started.elapsed();
     assert_error(&r, 507, &["space", "full"]);
     assert!(r.headers.get("retry-after").is_none(), "{:?}", r.headers);
-    assert!(
-        snapshot_ids(&gw).await.is_empty(),
-        "a failed snapshot is not listed"
-    );
-    assert!(
-        dir_entries(&checkpoints).is_empty(),
-        "left under checkpoints/: {:?}",
-        dir_entries(&checkpoints)
-    );
+    let listed = snapshot_ids(&gw).await;
+    assert!(listed.is_empty(), "a failed snapshot is not listed");
+    let left = dir_entries(&checkpoints);
+    assert!(left.is_empty(), "left under checkpoints/: {left:?}");
+    figures.add(&[
+        ("case", "snapshot".into()),
+        ("status", r.status.as_u16().to_string()),
+        ("ms", ms(took)),
+        ("retry_after", header(&r, "retry-after")),
+        ("listed", listed.len().to_string()),
+        ("checkpoint_entries", left.len().to_string()),
+        ("message", message(&r)),
+    ]);
 
     // The warm sandbox needs no disk to be handed over.
+    let started = Instant::now();
     let b = gw.create(KEY_A, create.clone()).await;
+    figures.add(&[
+        ("case", "create-warm".into()),
+        ("status", "201".into()),
+        ("ms", ms(started.elapsed())),
+    ]);
     // The next create needs a boot, which has no room: no node could take it, so 503 with
     // Retry-After (like no capacity: nothing was claimed), naming the full disk.
+    let started = Instant::now();
     let r = gw
         .call(
             Method::POST,
@@ -254,21 +288,38 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
             Some(create.clone()),
         )
         .await;
+    let took = started.elapsed();
+    let refused_at = Instant::now();
     assert_error(&r, 503, &["data directory is full"]);
     assert!(r.headers.get("retry-after").is_some(), "{:?}", r.headers);
     // No instance directory outlives a failed boot (the pool's refills fail the same way;
     // one may be in flight for a moment).
+    let extra_dirs = dir_entries(&sandboxes).len().saturating_sub(booted.len());
     eventually(
         Duration::from_secs(15),
         "only the two claimed sandboxes' directories",
         || sorted(dir_entries(&sandboxes)) == booted,
     )
     .await;
+    let cleared = refused_at.elapsed();
+    figures.add(&[
+        ("case", "create-boot".into()),
+        ("status", r.status.as_u16().to_string()),
+        ("ms", ms(took)),
+        ("retry_after", header(&r, "retry-after")),
+        ("claimed_dirs", booted.len().to_string()),
+        ("extra_dirs_at_answer", extra_dirs.to_string()),
+        ("extra_dirs_gone_secs", secs(cleared)),
+        // Counted, not asserted here: the claimed sandboxes' own cgroups are expected.
+        ("cgroups", cgroup_instances(&node_dir).to_string()),
+        ("message", message(&r)),
+    ]);
 
     // The sandboxes that ran keep running, through a snapshot attempt (which froze and
     // thawed the source) and through a pause/resume round trip.
     assert_eq!(run(&gw, &a, "echo still").await, Ok((0, "still\n".into())));
     assert_eq!(run(&gw, &b, "echo b").await, Ok((0, "b\n".into())));
+    let mut ran_on_full_disk = 2;
     let p = gw
         .call(
             Method::POST,
@@ -291,6 +342,14 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
         run(&gw, &a, "echo resumed").await,
         Ok((0, "resumed\n".into()))
     );
+    ran_on_full_disk += 1;
+    figures.add(&[
+        ("case", "running".into()),
+        // Each exited 0 with its output (asserted above), one of them after the resume.
+        ("commands_on_full_disk", ran_on_full_disk.to_string()),
+        ("pause", p.status.as_u16().to_string()),
+        ("resume", c.status.as_u16().to_string()),
+    ]);
 
     // What a sandbox sees when it writes to its own disk while the host file system under
     // it is full (observed, not asserted: RELIABILITY.md, "A full data directory").
@@ -302,16 +361,43 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     )
     .await;
     eprintln!("a sandbox writing 8 MiB on a full host disk: {seen:?}");
+    let (exit, out) = seen.unwrap_or_else(|e| (-1, e));
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or("?")
+            .to_string()
+    };
+    figures.add(&[
+        ("case", "sandbox-write".into()),
+        ("exit", exit.to_string()),
+        ("dd", out.lines().next().unwrap_or_default().to_string()),
+        ("sync", field("sync")),
+        ("read", field("read")),
+    ]);
 
     // Space comes back: the snapshot works and is listed, and the pool refills.
+    let warm_while_full = warm(&gw).await;
     std::fs::remove_file(&filler).unwrap();
+    let freed_at = Instant::now();
     let s = snapshot(&gw, &a_id).await;
+    let took = freed_at.elapsed();
     assert_eq!(s.status, StatusCode::CREATED, "{:?}", s.body);
     let snap = s.body["snapshotID"].as_str().unwrap().to_string();
-    assert_eq!(snapshot_ids(&gw).await, vec![snap.clone()]);
+    let listed = snapshot_ids(&gw).await;
+    assert_eq!(listed, vec![snap.clone()]);
     assert_eq!(dir_entries(&checkpoints).len(), 1);
     wait_warm(&gw, 1, "the pool to refill once space is free").await;
+    let refilled = freed_at.elapsed();
     assert_eq!(run(&gw, &a, "echo after").await, Ok((0, "after\n".into())));
+    figures.add(&[
+        ("case", "space-freed".into()),
+        ("snapshot_status", s.status.as_u16().to_string()),
+        ("snapshot_ms", ms(took)),
+        ("listed", listed.len().to_string()),
+        ("warm_while_full", warm_while_full.to_string()),
+        ("refill_secs", secs(refilled)),
+    ]);
 
     // Everything goes: the snapshot, the sandboxes, the gateway with its node.
     assert_eq!(
@@ -339,6 +425,22 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     assert_no_leaks(&sandboxes, &[sandboxes.clone(), node_dir.join("scratch")]).await;
     assert!(dir_entries(&checkpoints).is_empty());
     assert_eq!(cgroup_instances(&node_dir), 0, "instance cgroups left");
+    // Counted after the assertions, so these are what the run left, not what it expected.
+    figures.add(&[
+        ("case", "end".into()),
+        ("processes", processes_under(tmp.path()).len().to_string()),
+        ("instance_dirs", dir_entries(&sandboxes).len().to_string()),
+        (
+            "checkpoint_entries",
+            dir_entries(&checkpoints).len().to_string(),
+        ),
+        ("cgroups", cgroup_instances(&node_dir).to_string()),
+        (
+            "loop_devices_and_mounts",
+            kernel_leftovers(&sandboxes).len().to_string(),
+        ),
+    ]);
+    figures.print();
 }
 
 /// The node a sandbox of the e2b API runs on (its `clientID`).
@@ -418,20 +520,39 @@ async fn a_node_with_a_full_disk_sends_boots_to_the_next_node() {
     // The gateway's claim counts come from the nodes' reports (every second).
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
-    let _filler = fill(&full_dir);
+    let (_filler, free) = fill(&full_dir);
     // Node full is preferred (no claims) and refuses with a full disk; roomy boots it.
     let mut landed = Vec::new();
+    let mut slowest = Duration::ZERO;
     for _ in 0..2 {
+        let started = Instant::now();
         let s = gw.create(KEY_A, create.clone()).await;
+        slowest = slowest.max(started.elapsed());
         assert_eq!(node_of(&s), "roomy", "{s:?}");
         landed.push(s);
     }
-    assert!(
-        dir_entries(&full_sandboxes).is_empty(),
-        "the full node left {:?}",
-        dir_entries(&full_sandboxes)
-    );
-    assert_eq!(cgroup_instances(&full_dir), 0, "the full node left cgroups");
+    let left = dir_entries(&full_sandboxes);
+    assert!(left.is_empty(), "the full node left {left:?}");
+    let cgroups = cgroup_instances(&full_dir);
+    assert_eq!(cgroups, 0, "the full node left cgroups");
+    let mut figures = Figures::new("disk-full");
+    figures.add(&[
+        ("case", "next-node".into()),
+        ("free_bytes", free.to_string()),
+        ("creates", landed.len().to_string()),
+        // Every create answered 201 (Gateway::create asserts it).
+        (
+            "created_on_roomy",
+            landed
+                .iter()
+                .filter(|s| node_of(s) == "roomy")
+                .count()
+                .to_string(),
+        ),
+        ("max_ms", ms(slowest)),
+        ("full_instance_dirs", left.len().to_string()),
+        ("full_cgroups", cgroups.to_string()),
+    ]);
 
     for s in kept.iter().chain(&landed) {
         assert_eq!(
@@ -450,4 +571,5 @@ async fn a_node_with_a_full_disk_sends_boots_to_the_next_node() {
         assert_no_leaks(dir, &[dir.to_path_buf()]).await;
     }
     assert_eq!(cgroup_instances(&roomy_dir), 0, "instance cgroups left");
+    figures.print();
 }

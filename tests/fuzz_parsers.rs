@@ -2,7 +2,7 @@
 //! Each target feeds arbitrary text or bytes (must never panic, and must answer a client error
 //! where it answers at all) and generated well-formed input (must round-trip or agree with a
 //! small model of the grammar). `FUZZ_CASES` sets the cases per property (default 256, a few
-//! seconds in all); each target prints one `fuzz-figure` line that tests/fuzz/report.sh
+//! seconds in all); each target prints one `fuzz-figure` line that `tests/reliability.sh fuzz`
 //! collects into RELIABILITY.md.
 
 use std::collections::BTreeMap;

@@ -8,7 +8,8 @@
 //! snapshot that still answers 2xx. Bounded for CI: `SCHEMA_FUZZ_SECONDS` (default 40 per
 //! document, three documents), `SCHEMA_FUZZ_STATEFUL_SECONDS` (default 30) and
 //! `SCHEMA_FUZZ_EXAMPLES` (default 20 per operation) make it longer, `SCHEMA_FUZZ_SEED` replays
-//! a run. The `fuzz-figure` lines are what tests/fuzz/report.sh collects.
+//! a run. The `fuzz-figure` lines are what `tests/reliability.sh fuzz`
+//! collects.
 
 mod common;
 

@@ -3,7 +3,7 @@
 //! and Kubernetes clients mixed, then the fault matrix (kills mid-operation, a restart with
 //! state, a node that stops answering). The driver fails on any failed cycle
 //! and on anything left behind; its report must say so too. The full run (10 000 cycles) is
-//! `cargo run --release --example soak -- --out RELIABILITY.md`.
+//! `tests/reliability.sh soak`.
 
 mod common;
 

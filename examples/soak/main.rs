@@ -1,9 +1,11 @@
 //! The soak and chaos driver: churn across a 3-node fleet behind 2 gateway replicas with e2b
 //! and Kubernetes clients mixed, then a fault matrix (a gateway or a node killed mid-operation,
 //! a node restarted with state). Loopback only, bounded in count and time. Its figures go into
-//! RELIABILITY.md between the `soak` markers (the rest of the file is left alone):
-//!
-//!     cargo build --release && cargo run --release --example soak -- --cycles 10000 --out RELIABILITY.md
+//! RELIABILITY.md between the `soak` markers (the rest of the file is left alone) by
+//! `tests/reliability.sh soak`, which builds the release binaries, runs
+//! `target/release/examples/soak --cycles 10000 --concurrency 32` and splices the section it
+//! prints into the file only if the run passed. `--out FILE` writes the section into FILE
+//! itself, also when the run failed.
 //!
 //! `tests/soak.rs` runs a short variant (a few hundred cycles, then the whole fault matrix) in CI.
 

@@ -527,3 +527,54 @@ pub async fn claim_small(
     let c = SandboxClient::of(&r);
     (r, c)
 }
+
+/// Figure lines for RELIABILITY.md: `{kind}-figure key=value …`, one per measured row, which
+/// tests/reliability.sh collects from the test's output (the fuzz targets' `fuzz-figure`
+/// lines are the same convention). They are kept until `print`, at the end of a test that
+/// passed, so that a failed run prints no half-measured figures.
+pub struct Figures {
+    kind: &'static str,
+    lines: Vec<String>,
+}
+
+impl Figures {
+    pub fn new(kind: &'static str) -> Figures {
+        Figures {
+            kind,
+            lines: Vec::new(),
+        }
+    }
+
+    /// One line; a value with spaces, quotes or nothing in it is written as a quoted string
+    /// (Rust's `{:?}`, which the collector reads with shell quoting rules).
+    pub fn add(&mut self, fields: &[(&str, String)]) {
+        let mut line = format!("{}-figure", self.kind);
+        for (k, v) in fields {
+            let plain = !v.is_empty()
+                && v.chars()
+                    .all(|c| c.is_ascii_graphic() && !matches!(c, '"' | '\'' | '\\'));
+            if plain {
+                line.push_str(&format!(" {k}={v}"));
+            } else {
+                line.push_str(&format!(" {k}={v:?}"));
+            }
+        }
+        self.lines.push(line);
+    }
+
+    pub fn print(&self) {
+        for l in &self.lines {
+            println!("{l}");
+        }
+    }
+}
+
+/// Milliseconds with one decimal, as the figures give latencies.
+pub fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+/// Seconds with one decimal, as the figures give recovery times.
+pub fn secs(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64())
+}
