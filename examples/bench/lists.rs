@@ -60,6 +60,43 @@ pub struct ListBench {
     pub ways: Vec<Way>,
     pub pages: Vec<Pages>,
     pub in_process: Vec<(&'static str, Summary, u64)>,
+    /// The JSON list's byte count over a bare loopback TCP connection (no HTTP), and what
+    /// that took: the floor under any HTTP server on this machine.
+    pub floor: (usize, Summary),
+}
+
+/// `bytes` bytes written to a loopback TCP connection in one call and read by a task of this
+/// process in 256 KiB reads, `runs` times (a fresh connection each).
+async fn tcp_floor(bytes: usize, runs: usize) -> Res<Summary> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let body = bytes::Bytes::from(vec![b'x'; bytes]);
+    let writer = tokio::spawn(async move {
+        for _ in 0..runs {
+            let (mut s, _) = listener.accept().await?;
+            s.set_nodelay(true)?;
+            s.write_all(&body).await?;
+        }
+        std::io::Result::Ok(())
+    });
+    let mut times = Vec::new();
+    let mut buf = vec![0u8; 256 << 10];
+    for _ in 0..runs {
+        let t = Instant::now();
+        let mut c = tokio::net::TcpStream::connect(addr).await?;
+        let mut n = 0;
+        while n < bytes {
+            let k = c.read(&mut buf).await?;
+            if k == 0 {
+                return Err("the floor's writer closed early".into());
+            }
+            n += k;
+        }
+        times.push(t.elapsed());
+    }
+    writer.await??;
+    Ok(summarize(times))
 }
 
 fn status_kib(field: &str) -> u64 {
@@ -292,6 +329,8 @@ pub async fn bench_lists(nodes: usize, per_node: usize, runs: usize) -> Res<List
         }
         in_process.push((name, summarize(times), peak));
     }
+    let json_bytes = ways.first().map_or(0, |w| w.bytes);
+    let floor = (json_bytes, tcp_floor(json_bytes, runs).await?);
     d.shutdown().await;
     Ok(ListBench {
         e2b,
@@ -301,6 +340,7 @@ pub async fn bench_lists(nodes: usize, per_node: usize, runs: usize) -> Res<List
         ways,
         pages,
         in_process,
+        floor,
     })
 }
 
@@ -471,6 +511,16 @@ pub fn render_lists(o: &mut String, b: &ListBench) {
             mib(*peak)
         );
     }
+    let _ = writeln!(
+        o,
+        "\nThe floor under any HTTP server here, in the same run: the JSON list's {:.1} MiB \
+         written to a bare loopback TCP connection in one call and read in 256 KiB reads by \
+         this process, p50 {} (p90 {}) over {} connections.",
+        mib(b.floor.0 as u64),
+        ms(b.floor.1.p50),
+        ms(b.floor.1.p90),
+        b.runs
+    );
     let e = &b.e2b;
     let _ = writeln!(
         o,
