@@ -270,7 +270,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{self, PoolKey};
+    use crate::model;
     use chrono::TimeDelta;
     use serde_json::json;
 
@@ -291,27 +291,11 @@ mod tests {
             Some(&spec),
         );
         SandboxRecord {
-            id: "sb_0123456789abcdef".into(),
-            token: String::new(),
-            key: PoolKey::base(),
-            claim_ref: "team-a/demo".into(),
             claimed_at: now(),
             deadline: now() + TimeDelta::milliseconds(600_300),
-            phase: Phase::Running,
             address: "127.0.0.1:1".into(),
             metadata,
-            env_vars: BTreeMap::new(),
-            from_checkpoint: None,
-            forked_from: None,
-            node: "n1".into(),
-            cpu_count: 1,
-            memory_bytes: 1,
-            state_dir: String::new(),
-            disk_bytes: 0,
-            lifecycle: Default::default(),
-            lease_seconds: 0,
-            paused: None,
-            network: Default::default(),
+            ..SandboxRecord::fixture("sb_0123456789abcdef", "team-a/demo")
         }
     }
 
