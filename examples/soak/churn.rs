@@ -48,7 +48,7 @@ async fn revision(fleet: &Fleet, gw: usize) -> u64 {
     let listed = async {
         let r = fleet.https[gw]
             .get(format!("{base}{KUBE}?limit=1"))
-            .bearer_auth("e2b_soak")
+            .bearer_auth(crate::KEY)
             .send()
             .await?;
         let v: serde_json::Value = r.json().await?;
@@ -109,7 +109,7 @@ async fn e2b_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
     let killed = fleet
         .http
         .delete(format!("{url}/sandboxes/{}", created.0))
-        .header("X-API-KEY", "e2b_soak")
+        .header("X-API-KEY", crate::KEY)
         .send()
         .await?;
     outcome?;
@@ -131,7 +131,7 @@ async fn kube_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
         "spec": {"podTemplate": {"spec": {"containers": [{"name": "main", "image": "base"}]}}}});
     let r = https
         .post(format!("{base}{KUBE}"))
-        .bearer_auth("e2b_soak")
+        .bearer_auth(crate::KEY)
         .json(&body)
         .send()
         .await?;
@@ -140,7 +140,7 @@ async fn kube_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
     }
     let got = https
         .get(format!("{base}{KUBE}/{name}"))
-        .bearer_auth("e2b_soak")
+        .bearer_auth(crate::KEY)
         .send()
         .await?;
     let read = if got.status() == 200 {
@@ -150,7 +150,7 @@ async fn kube_cycle(fleet: &Fleet, gw: usize, i: usize) -> Res<()> {
     };
     let deleted = https
         .delete(format!("{base}{KUBE}/{name}"))
-        .bearer_auth("e2b_soak")
+        .bearer_auth(crate::KEY)
         .send()
         .await?;
     if let Some(e) = read {

@@ -159,7 +159,7 @@ fn splice(text: &str, section: &str) -> String {
                 &text[e + END.len()..]
             )
         }
-        _ => format!("{}\n{section}", text.trim_end()),
+        _ => format!("{}\n\n{section}", text.trim_end()),
     }
 }
 
