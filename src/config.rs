@@ -154,6 +154,16 @@ fn default_data_dir() -> PathBuf {
 /// they turn internet access off) and `base` without a network of its own.
 const DEFAULT_POOLS: [&str; 2] = ["base/egress=2", "base=2"];
 
+/// A positive, finite number of seconds (fractions allowed), e.g. "15" or "0.5".
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|n| Duration::try_from_secs_f64(n).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{s:?} must be a positive number of seconds"))
+}
+
 fn parse_pool(s: &str) -> Result<PoolTarget, String> {
     s.parse().map_err(|e: crate::model::Error| e.message)
 }
@@ -351,6 +361,10 @@ pub struct SandboxArgs {
     /// internal mirror, say); repeatable. Sandboxes' own network policies still apply.
     #[arg(long = "sandbox-reachable", value_name = "CIDR")]
     pub sandbox_reachable: Vec<String>,
+    /// How long a sandbox may take to boot or restore, in seconds; past it the claim answers
+    /// "no capacity" (503, Retry-After) and the dispatcher tries another node.
+    #[arg(long = "boot-timeout-seconds", value_name = "SECONDS", value_parser = parse_seconds, default_value = "15")]
+    pub boot_timeout: Duration,
 }
 
 impl SandboxArgs {
@@ -369,6 +383,7 @@ impl SandboxArgs {
         node.paused_retention = Duration::from_secs(self.paused_retention_seconds);
         crate::model::network::parse_cidrs("--sandbox-reachable", &self.sandbox_reachable)?;
         node.sandbox_reachable = self.sandbox_reachable.clone();
+        node.boot_timeout = self.boot_timeout;
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(
@@ -455,4 +470,35 @@ pub fn host_name() -> String {
         }
     }
     "node".to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boot_timeout(args: &[&str]) -> Result<Duration, clap::Error> {
+        let cli = Cli::try_parse_from([&["sandbox-gateway", "serve"], args].concat())?;
+        match cli.command {
+            Some(Command::Serve(s)) => Ok(s.sandboxes.boot_timeout),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn boot_timeout_is_positive_seconds() {
+        assert_eq!(boot_timeout(&[]).ok(), Some(Duration::from_secs(15)));
+        assert_eq!(
+            boot_timeout(&["--boot-timeout-seconds", "0.25"]).ok(),
+            Some(Duration::from_millis(250))
+        );
+        for bad in ["0", "-1", "nan", "inf", "1e30", "soon", ""] {
+            // `=` so that clap takes "-1" as the value rather than as a flag.
+            let arg = format!("--boot-timeout-seconds={bad}");
+            let err = boot_timeout(&[&arg]).expect_err(bad).to_string();
+            assert!(
+                err.contains("must be a positive number of seconds"),
+                "{bad}: {err}"
+            );
+        }
+    }
 }

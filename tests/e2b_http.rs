@@ -1052,3 +1052,41 @@ async fn a_destroy_that_fails_is_retried_until_nothing_is_left() {
     gw.proc.terminate();
     assert_no_leaks(tmp.path(), &[sandboxes]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_boot_slower_than_the_timeout_is_no_capacity_and_leaves_nothing() {
+    // A host too loaded to boot a sandbox in time is out of room for now: the client gets
+    // 503 with Retry-After (not a 500), and the half-booted instance is gone. A boot timeout
+    // of 1 ms stands in for the load, since no sandbox reports ready that quickly.
+    let (tmp, _) = workspace();
+    let mut gw = Gateway::start(
+        tmp.path(),
+        &["--pool", "base=0", "--boot-timeout-seconds", "0.001"],
+    );
+    let sandboxes = gw.data.join("node/sandboxes");
+    let r = gw
+        .call(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "base"})),
+        )
+        .await;
+    assert_error(&r, 503, "too busy to boot");
+    assert!(r.headers.get("retry-after").is_some(), "{:?}", r.headers);
+    assert_eq!(r.body["error_code"], "sandbox_capacity_unavailable");
+    // Nothing was claimed, so nothing is listed.
+    let listed = gw
+        .call(Method::GET, "/v2/sandboxes", Some(KEY_A), None)
+        .await;
+    assert_eq!(listed.status, StatusCode::OK, "{:?}", listed.body);
+    assert_eq!(listed.body, json!([]));
+    eventually(
+        Duration::from_secs(20),
+        "the timed-out instance to be removed",
+        || dir_entries(&sandboxes).is_empty(),
+    )
+    .await;
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[sandboxes]).await;
+}

@@ -97,6 +97,33 @@ async fn client_mistakes_are_client_errors() {
         assert!(rest["metadata"]["continue"].is_null(), "{rest}");
     }
 
+    // A watch's `timeoutSeconds` (schemathesis sends it fixed at 1, tests/fuzz/schemathesis.toml):
+    // anything but a whole number of seconds is 400 with a Status, and 0 ends the watch at once.
+    for bad in ["abc", "-1", "1.5", "99999999999999999999999", "%00", "1%20"] {
+        let (status, body) = list(format!("watch=true&timeoutSeconds={bad}")).await;
+        assert_eq!(status, 400, "timeoutSeconds={bad}: {body}");
+        assert_eq!(body["kind"], "Status", "timeoutSeconds={bad}: {body}");
+    }
+    let watched = kube
+        .get(format!(
+            "{}{GV}/namespaces/team-a/sandboxes?watch=true&timeoutSeconds=0",
+            gw.kube_url
+        ))
+        .bearer_auth(KEY_TEAM_A)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .expect("watch");
+    assert_eq!(watched.status(), 200);
+    // It ends (the body is read to its end within the timeout), with at most the three
+    // sandboxes' ADDED events it managed to send first.
+    let events = watched.text().await.expect("a watch that ends");
+    assert!(events.lines().count() <= 3, "{events}");
+    for line in events.lines() {
+        let event: Value = serde_json::from_str(line).expect("a watch event");
+        assert_eq!(event["type"], "ADDED", "{line}");
+    }
+
     // Continue tokens as a property: paging with any limit gives the whole list once, and a
     // forged or mangled token is 410 Expired (list again), never a 5xx.
     let (_, all) = list(String::new()).await;

@@ -2,6 +2,7 @@
 //! `PartialObjectMetadata`, and ages rendered as the API server renders them.
 
 use std::borrow::Cow;
+use std::io::Write as _;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -13,60 +14,68 @@ use crate::model::SandboxRecord;
 
 /// Go's `duration.HumanDuration`, as the API server renders ages in tables.
 pub fn human_duration(d: chrono::TimeDelta) -> String {
+    let mut out = Vec::new();
+    let _ = write_human_duration(&mut out, d);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `human_duration` written to `out` (a Table's rows are written without allocating a string
+/// per row).
+fn write_human_duration(out: &mut Vec<u8>, d: chrono::TimeDelta) -> std::io::Result<()> {
     let seconds = d.num_seconds();
     if seconds < -1 {
-        return "<invalid>".into();
+        return out.write_all(b"<invalid>");
     }
     if seconds < 0 {
-        return "0s".into();
+        return out.write_all(b"0s");
     }
     if seconds < 120 {
-        return format!("{seconds}s");
+        return write!(out, "{seconds}s");
     }
     let minutes = seconds / 60;
     if minutes < 10 {
         let s = seconds % 60;
         return if s == 0 {
-            format!("{minutes}m")
+            write!(out, "{minutes}m")
         } else {
-            format!("{minutes}m{s}s")
+            write!(out, "{minutes}m{s}s")
         };
     }
     if minutes < 180 {
-        return format!("{minutes}m");
+        return write!(out, "{minutes}m");
     }
     let hours = seconds / 3600;
     if hours < 8 {
         let m = minutes % 60;
         return if m == 0 {
-            format!("{hours}h")
+            write!(out, "{hours}h")
         } else {
-            format!("{hours}h{m}m")
+            write!(out, "{hours}h{m}m")
         };
     }
     if hours < 48 {
-        return format!("{hours}h");
+        return write!(out, "{hours}h");
     }
     if hours < 24 * 8 {
         let h = hours % 24;
         return if h == 0 {
-            format!("{}d", hours / 24)
+            write!(out, "{}d", hours / 24)
         } else {
-            format!("{}d{h}h", hours / 24)
+            write!(out, "{}d{h}h", hours / 24)
         };
     }
     if hours < 24 * 365 * 2 {
-        return format!("{}d", hours / 24);
+        return write!(out, "{}d", hours / 24);
     }
     if hours < 24 * 365 * 8 {
         let dy = (hours / 24) % 365;
         return if dy == 0 {
-            format!("{}y", hours / 24 / 365)
+            write!(out, "{}y", hours / 24 / 365)
         } else {
-            format!("{}y{dy}d", hours / 24 / 365)
+            write!(out, "{}y{dy}d", hours / 24 / 365)
         };
     }
-    format!("{}y", hours / 24 / 365)
+    write!(out, "{}y", hours / 24 / 365)
 }
 
 #[derive(Serialize)]
@@ -266,7 +275,7 @@ pub(super) fn write_row(out: &mut Vec<u8>, e: &Entry, now: DateTime<Utc>) {
     out.extend_from_slice(&form.bytes[..at]);
     // An age is digits, letters and `<>`: nothing JSON escapes.
     out.push(b'"');
-    out.extend_from_slice(human_duration(now - e.record.claimed_at).as_bytes());
+    let _ = write_human_duration(out, now - e.record.claimed_at);
     out.push(b'"');
     out.extend_from_slice(&form.bytes[at..]);
 }

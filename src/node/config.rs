@@ -37,6 +37,9 @@ pub struct NodeConfig {
     pub paused_retention: Duration,
     /// Private or host ranges sandboxes may reach although they are blocked by default.
     pub sandbox_reachable: Vec<String>,
+    /// How long a sandbox may take to boot (or restore) before the node gives up on it and
+    /// answers "no capacity": on an overloaded host, another node or a later retry will do.
+    pub boot_timeout: Duration,
 }
 
 /// The default paused retention: 7 days.
@@ -101,6 +104,7 @@ impl NodeConfig {
             checkpoint_budget_bytes: DEFAULT_CHECKPOINT_BUDGET_MIB << 20,
             paused_retention: Duration::from_secs(DEFAULT_PAUSED_RETENTION_SECONDS),
             sandbox_reachable: Vec::new(),
+            boot_timeout: BOOT_TIMEOUT,
         }
     }
 

@@ -8,7 +8,6 @@ use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use super::config::BOOT_TIMEOUT;
 use super::config::RuntimeKind;
 use super::runtime::Runtime;
 use super::runtime::any::AnyRuntime;
@@ -74,7 +73,7 @@ fn pick_runtime(
                 templates: paths.templates.clone(),
                 ids: node.ids,
                 tag,
-                boot_timeout: BOOT_TIMEOUT,
+                boot_timeout: node.boot_timeout,
                 runsc,
                 node_lock: paths.lock.clone(),
                 slirp4netns: builtin::find_slirp4netns(),
@@ -91,7 +90,7 @@ fn pick_runtime(
                 disks: paths.disks.clone(),
                 tag,
                 ids: node.ids,
-                boot_timeout: BOOT_TIMEOUT,
+                boot_timeout: node.boot_timeout,
                 disk_bytes: node.disk_bytes,
                 node_lock: paths.lock.clone(),
                 reachable: node.sandbox_reachable.clone(),

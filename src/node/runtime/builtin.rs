@@ -341,17 +341,22 @@ impl BuiltinRuntime {
                 drop(child);
                 Ok((pid, start_ticks))
             }
-            outcome => {
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                // A host too loaded to boot in time is out of room for now, not broken:
+                // "no capacity" lets the dispatcher try another node and tells the client
+                // to come back (503 with Retry-After).
+                Err(Error::no_capacity(format!(
+                    "sandbox {} did not report ready within {:?}; the node is too busy to boot one now",
+                    spec.instance_id, self.cfg.boot_timeout
+                )))
+            }
+            Ok(_) => {
                 let _ = child.start_kill();
                 let status = child.wait().await.ok();
-                let why = match outcome {
-                    Err(_) => format!("did not report ready within {:?}", self.cfg.boot_timeout),
-                    Ok(_) => format!(
-                        "exited before it was ready ({status:?}); set SANDBOX_GATEWAY_AGENT_STDERR=1 to see why"
-                    ),
-                };
                 Err(Error::internal(format!(
-                    "sandbox {}: {why}",
+                    "sandbox {}: exited before it was ready ({status:?}); set SANDBOX_GATEWAY_AGENT_STDERR=1 to see why",
                     spec.instance_id
                 )))
             }

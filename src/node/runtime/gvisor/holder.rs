@@ -61,10 +61,13 @@ impl Holder {
             outcome => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
-                Err(Error::unavailable(match outcome {
-                    Err(_) => format!("the network holder was not ready within {timeout:?}"),
-                    Ok(_) => "the network holder exited before it was ready".to_string(),
-                }))
+                Err(match outcome {
+                    // Too busy to start one in time: out of room for now, like a slow boot.
+                    Err(_) => Error::no_capacity(format!(
+                        "the network holder was not ready within {timeout:?}; the node is too busy to boot a sandbox now"
+                    )),
+                    Ok(_) => Error::internal("the network holder exited before it was ready"),
+                })
             }
         }
     }

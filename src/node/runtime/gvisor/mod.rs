@@ -217,8 +217,9 @@ impl GvisorRuntime {
                 }
             }
             if Instant::now() > deadline {
-                return Err(Error::unavailable(format!(
-                    "the sandbox in {} did not open its door within {timeout:?}",
+                // Out of room for now, as the builtin runtime's boot timeout says.
+                return Err(Error::no_capacity(format!(
+                    "the sandbox in {} did not open its door within {timeout:?}; the node is too busy to boot one now",
                     dir.display()
                 )));
             }
