@@ -2,7 +2,6 @@
 //! `PartialObjectMetadata`, and ages rendered as the API server renders them.
 
 use std::borrow::Cow;
-use std::io::Write as _;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -14,68 +13,60 @@ use crate::model::SandboxRecord;
 
 /// Go's `duration.HumanDuration`, as the API server renders ages in tables.
 pub fn human_duration(d: chrono::TimeDelta) -> String {
-    let mut out = Vec::new();
-    let _ = write_human_duration(&mut out, d);
-    String::from_utf8(out).unwrap_or_default()
-}
-
-/// `human_duration` written to `out` (a Table's rows are written without allocating a string
-/// per row).
-fn write_human_duration(out: &mut Vec<u8>, d: chrono::TimeDelta) -> std::io::Result<()> {
     let seconds = d.num_seconds();
     if seconds < -1 {
-        return out.write_all(b"<invalid>");
+        return "<invalid>".into();
     }
     if seconds < 0 {
-        return out.write_all(b"0s");
+        return "0s".into();
     }
     if seconds < 120 {
-        return write!(out, "{seconds}s");
+        return format!("{seconds}s");
     }
     let minutes = seconds / 60;
     if minutes < 10 {
         let s = seconds % 60;
         return if s == 0 {
-            write!(out, "{minutes}m")
+            format!("{minutes}m")
         } else {
-            write!(out, "{minutes}m{s}s")
+            format!("{minutes}m{s}s")
         };
     }
     if minutes < 180 {
-        return write!(out, "{minutes}m");
+        return format!("{minutes}m");
     }
     let hours = seconds / 3600;
     if hours < 8 {
         let m = minutes % 60;
         return if m == 0 {
-            write!(out, "{hours}h")
+            format!("{hours}h")
         } else {
-            write!(out, "{hours}h{m}m")
+            format!("{hours}h{m}m")
         };
     }
     if hours < 48 {
-        return write!(out, "{hours}h");
+        return format!("{hours}h");
     }
     if hours < 24 * 8 {
         let h = hours % 24;
         return if h == 0 {
-            write!(out, "{}d", hours / 24)
+            format!("{}d", hours / 24)
         } else {
-            write!(out, "{}d{h}h", hours / 24)
+            format!("{}d{h}h", hours / 24)
         };
     }
     if hours < 24 * 365 * 2 {
-        return write!(out, "{}d", hours / 24);
+        return format!("{}d", hours / 24);
     }
     if hours < 24 * 365 * 8 {
         let dy = (hours / 24) % 365;
         return if dy == 0 {
-            write!(out, "{}y", hours / 24 / 365)
+            format!("{}y", hours / 24 / 365)
         } else {
-            write!(out, "{}y{dy}d", hours / 24 / 365)
+            format!("{}y{dy}d", hours / 24 / 365)
         };
     }
-    write!(out, "{}y", hours / 24 / 365)
+    format!("{}y", hours / 24 / 365)
 }
 
 #[derive(Serialize)]
@@ -275,7 +266,7 @@ pub(super) fn write_row(out: &mut Vec<u8>, e: &Entry, now: DateTime<Utc>) {
     out.extend_from_slice(&form.bytes[..at]);
     // An age is digits, letters and `<>`: nothing JSON escapes.
     out.push(b'"');
-    let _ = write_human_duration(out, now - e.record.claimed_at);
+    out.extend_from_slice(human_duration(now - e.record.claimed_at).as_bytes());
     out.push(b'"');
     out.extend_from_slice(&form.bytes[at..]);
 }
