@@ -277,7 +277,7 @@ pub struct NodeArgs {
     #[arg(long, default_value = "127.0.0.1:7777")]
     pub listen: String,
     /// Address of the node's data plane (HTTP CONNECT into sandboxes) [default: the gRPC
-    /// port + 1 on the same host].
+    /// port + 1 on the same host; any free port when --listen asks for port 0].
     #[arg(long)]
     pub data_listen: Option<String>,
     /// Address the node tells others to reach it at [default: the bound address].

@@ -99,6 +99,22 @@ fn pick_runtime(
     }
 }
 
+/// Where the data plane listens: `explicit` if given, else the node's port + 1, or a port of
+/// its own when the node's was asked as 0. (Port + 1 of an ephemeral port may be any other
+/// program's ephemeral port: two gateways starting side by side collided on it.)
+fn data_listen(listen: &str, bound: SocketAddr, explicit: Option<&str>) -> String {
+    if let Some(a) = explicit {
+        return a.to_string();
+    }
+    let ephemeral = listen.rsplit_once(':').is_some_and(|(_, port)| port == "0");
+    let port = if ephemeral {
+        0
+    } else {
+        bound.port().wrapping_add(1)
+    };
+    SocketAddr::new(bound.ip(), port).to_string()
+}
+
 pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
@@ -106,11 +122,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
     let address = listener
         .local_addr()
         .map_err(|e| Error::io("reading the node listener address", e))?;
-    let data_listen = match &cfg.data_listen {
-        Some(a) => a.clone(),
-        None if address.port() == 0 => format!("{}:0", address.ip()),
-        None => format!("{}:{}", address.ip(), address.port().wrapping_add(1)),
-    };
+    let data_listen = data_listen(&cfg.listen, address, cfg.data_listen.as_deref());
     let data_listener = tokio::net::TcpListener::bind(&data_listen)
         .await
         .map_err(|e| Error::io(format!("binding the data-plane listener {data_listen}"), e))?;
@@ -197,5 +209,32 @@ impl RunningNode {
             Err(e) => tracing::error!(error = %e, "node server task failed"),
         }
         self.node.shutdown().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_data_plane_port_follows_the_nodes() {
+        let bound: SocketAddr = "127.0.0.1:40123".parse().unwrap_or_else(|e| panic!("{e}"));
+        // Asked for any port: any port of its own, not the neighbour of the one it got.
+        assert_eq!(data_listen("127.0.0.1:0", bound, None), "127.0.0.1:0");
+        assert_eq!(
+            data_listen("127.0.0.1:40123", bound, None),
+            "127.0.0.1:40124"
+        );
+        assert_eq!(
+            data_listen("localhost:40123", bound, None),
+            "127.0.0.1:40124"
+        );
+        assert_eq!(
+            data_listen("127.0.0.1:0", bound, Some("0.0.0.0:7000")),
+            "0.0.0.0:7000"
+        );
+        let v6: SocketAddr = "[::1]:50051".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(data_listen("[::1]:0", v6, None), "[::1]:0");
+        assert_eq!(data_listen("[::1]:50051", v6, None), "[::1]:50052");
     }
 }
