@@ -44,10 +44,11 @@ impl Run {
     /// Whether the run failed inside schemathesis or Hypothesis and nothing else: no check
     /// failed, and every error it lists is its own "Runtime Error" (e.g. a Hypothesis
     /// `FlakyFailure` around a `KeyError` in schemathesis's strategies, seen after thousands of
-    /// passing cases). Network errors, unresponsive operations and anything else that could
-    /// be the gateway's doing are not.
+    /// passing cases, or "Inconsistent results" while it generated coverage cases; the exit
+    /// code is then 1 or 2). Network errors, unresponsive operations and anything else that
+    /// could be the gateway's doing are not.
     fn failed_internally(&self) -> bool {
-        if self.code != Some(2) || self.output.contains(" FAILURES ") {
+        if !matches!(self.code, Some(1 | 2)) || self.output.contains(" FAILURES ") {
             return false;
         }
         let mut lines = self.output.lines().map(str::trim);
@@ -341,6 +342,12 @@ mod reading_runs {
     #[test]
     fn only_its_own_runtime_errors_are_internal() {
         assert!(run(2, INTERNAL).failed_internally());
+        // As CI saw it: an error while generating coverage cases, exit code 1.
+        let generating = INTERNAL.replace(
+            "FlakyFailure: Hypothesis found 2 distinct failures\nKeyError: 'schema'",
+            "Runtime Error\n\nInconsistent results: A test case failed on the first run but now succeeds",
+        );
+        assert!(run(1, &generating).failed_internally());
         let network = INTERNAL.replace("Runtime Error: 1", "Network Error: 3");
         assert!(!run(2, &network).failed_internally());
         let both = INTERNAL.replace(
@@ -353,6 +360,7 @@ mod reading_runs {
         assert!(!run(1, &failed).failed_internally());
         assert!(!run(2, &failed).failed_internally());
         assert!(!run(0, "Test cases:\n  10 generated, 10 passed\n").failed_internally());
+        assert!(!run(101, INTERNAL).failed_internally());
         // An error without the summary that names it: nothing says it was schemathesis's own.
         assert!(!run(2, "Error: something went wrong\n").failed_internally());
     }
