@@ -110,25 +110,6 @@ fn schemathesis(
     extra: &[&str],
     report: &Path,
 ) -> Run {
-    let run = schemathesis_once(name, phases, schema, url, extra, report);
-    if !run.failed_internally() {
-        return run;
-    }
-    println!(
-        "schemathesis failed internally on {name}, not on an answer of the gateway; running it once more:\n{}",
-        run.what_failed()
-    );
-    schemathesis_once(name, phases, schema, url, extra, report)
-}
-
-fn schemathesis_once(
-    name: &str,
-    phases: Phases,
-    schema: &Path,
-    url: &str,
-    extra: &[&str],
-    report: &Path,
-) -> Run {
     let (phase_list, checks, seconds) = match phases {
         Phases::Operations => (
             "examples,coverage,fuzzing",
@@ -151,10 +132,8 @@ fn schemathesis_once(
     let seed = std::env::var("SCHEMA_FUZZ_SEED")
         .ok()
         .filter(|s| !s.is_empty());
-    let bin = sdk_dir().join("py-schemathesis/bin/schemathesis");
-    let started = Instant::now();
-    let out = Command::new(&bin)
-        .arg("--config-file")
+    let mut cmd = Command::new(sdk_dir().join("py-schemathesis/bin/schemathesis"));
+    cmd.arg("--config-file")
         .arg(repo().join("tests/fuzz/schemathesis.toml"))
         .arg("run")
         .arg(schema)
@@ -173,9 +152,24 @@ fn schemathesis_once(
         .args(extra)
         // Schemathesis writes its Hypothesis database into the working directory.
         .current_dir(report)
-        .env("NO_COLOR", "1")
+        .env("NO_COLOR", "1");
+    let run = run_once(name, &mut cmd);
+    if !run.failed_internally() {
+        return run;
+    }
+    println!(
+        "schemathesis failed internally on {name}, not on an answer of the gateway; running it once more:\n{}",
+        run.what_failed()
+    );
+    run_once(name, &mut cmd)
+}
+
+/// Runs `cmd` (a `schemathesis run`) and prints what it said and its `fuzz-figure` line.
+fn run_once(name: &str, cmd: &mut Command) -> Run {
+    let started = Instant::now();
+    let out = cmd
         .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
+        .unwrap_or_else(|e| panic!("run {:?}: {e}", cmd.get_program()));
     let output = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -290,24 +284,16 @@ async fn no_server_errors_for_generated_requests() -> Result<(), String> {
         ));
     }
 
-    let failed: Vec<String> = runs
-        .iter()
-        .filter(|(_, run)| !run.ok())
-        .map(|(name, run)| {
-            format!(
-                "schemathesis failed on {name} (exit {:?}):\n{}",
+    let failed: Vec<&(&str, Run)> = runs.iter().filter(|(_, run)| !run.ok()).collect();
+    if !failed.is_empty() {
+        for (name, run) in &failed {
+            eprintln!(
+                "schemathesis failed on {name} (exit {:?}):\n{}\n",
                 run.code,
                 run.what_failed()
-            )
-        })
-        .collect();
-    if !failed.is_empty() {
-        eprintln!("{}", failed.join("\n\n"));
-        let names: Vec<&str> = runs
-            .iter()
-            .filter(|(_, run)| !run.ok())
-            .map(|(name, _)| *name)
-            .collect();
+            );
+        }
+        let names: Vec<&str> = failed.iter().map(|(name, _)| *name).collect();
         return Err(format!("schemathesis failed on {}", names.join(", ")));
     }
     // Whatever the generated requests created is gone with the gateway.

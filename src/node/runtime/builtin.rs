@@ -341,24 +341,19 @@ impl BuiltinRuntime {
                 drop(child);
                 Ok((pid, start_ticks))
             }
-            Err(_) => {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                // A host too loaded to boot in time is out of room for now, not broken:
-                // "no capacity" lets the dispatcher try another node and tells the client
-                // to come back (503 with Retry-After).
-                Err(Error::no_capacity(format!(
-                    "sandbox {} did not report ready within {:?}; the node is too busy to boot one now",
-                    spec.instance_id, self.cfg.boot_timeout
-                )))
-            }
-            Ok(_) => {
+            outcome => {
                 let _ = child.start_kill();
                 let status = child.wait().await.ok();
-                Err(Error::internal(format!(
-                    "sandbox {}: exited before it was ready ({status:?}); set SANDBOX_GATEWAY_AGENT_STDERR=1 to see why",
-                    spec.instance_id
-                )))
+                Err(match outcome {
+                    Err(_) => super::boot_too_slow(
+                        format!("sandbox {}", spec.instance_id),
+                        self.cfg.boot_timeout,
+                    ),
+                    Ok(_) => Error::internal(format!(
+                        "sandbox {}: exited before it was ready ({status:?}); set SANDBOX_GATEWAY_AGENT_STDERR=1 to see why",
+                        spec.instance_id
+                    )),
+                })
             }
         }
     }

@@ -21,6 +21,16 @@ use crate::model::network::Egress;
 use crate::model::{Error, PoolKey, Result};
 use crate::templates::Template;
 
+/// `what` did not become ready within `timeout` (the node's `--boot-timeout-seconds`). A host
+/// too loaded to boot in time is out of room for now, not broken: "no capacity" lets the
+/// dispatcher try another node and tells the client to come back (503 with Retry-After).
+/// Every runtime's boot, restore and helper start answers its timeout with this.
+pub fn boot_too_slow(what: impl std::fmt::Display, timeout: std::time::Duration) -> Error {
+    Error::no_capacity(format!(
+        "{what} was not ready within {timeout:?}; the node is too busy to boot a sandbox now"
+    ))
+}
+
 /// A byte stream into an instance (TCP into its network namespace, or its door socket).
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}

@@ -62,10 +62,7 @@ impl Holder {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
                 Err(match outcome {
-                    // Too busy to start one in time: out of room for now, like a slow boot.
-                    Err(_) => Error::no_capacity(format!(
-                        "the network holder was not ready within {timeout:?}; the node is too busy to boot a sandbox now"
-                    )),
+                    Err(_) => crate::node::runtime::boot_too_slow("the network holder", timeout),
                     Ok(_) => Error::internal("the network holder exited before it was ready"),
                 })
             }

@@ -217,11 +217,10 @@ impl GvisorRuntime {
                 }
             }
             if Instant::now() > deadline {
-                // Out of room for now, as the builtin runtime's boot timeout says.
-                return Err(Error::no_capacity(format!(
-                    "the sandbox in {} did not open its door within {timeout:?}; the node is too busy to boot one now",
-                    dir.display()
-                )));
+                return Err(super::boot_too_slow(
+                    format!("the sandbox in {} (its door)", dir.display()),
+                    timeout,
+                ));
             }
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
