@@ -5,7 +5,11 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{HttpResponse, HttpResponseBuilder};
+use std::sync::Arc;
+
 use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Marks a response that must reach the client unchanged.
 pub struct Passthrough;
@@ -57,30 +61,83 @@ pub fn json_error<B>(
 /// each chunk into its write buffer and writes that buffer whole, so the chunk is the size of
 /// the writes: at 64 KiB (a little over one loopback segment once framed) a 50,000-sandbox list
 /// took about 1.5 times as long as at 1 MiB (PERFORMANCE.md, "Lists at scale"). A list in
-/// flight holds about two chunks: the one being made and the one being written.
+/// flight holds about three chunks (see `made_ahead`).
 pub const BODY_CHUNK: usize = 1 << 20;
 
 /// `res` with `chunks` as its body: sized when there is only one chunk (a short list gets a
-/// `Content-Length`), else streamed, each chunk made as the connection takes the one before.
-pub fn chunked_reply(
-    mut res: HttpResponseBuilder,
-    chunks: impl Iterator<Item = Bytes> + 'static,
-) -> HttpResponse {
+/// `Content-Length`), else streamed, made ahead of the connection (`made_ahead`) when a maker
+/// is free and as the connection takes each chunk when none is.
+pub fn chunked_reply<I>(mut res: HttpResponseBuilder, chunks: I) -> HttpResponse
+where
+    I: Iterator<Item = Bytes> + Send + 'static,
+{
     let mut chunks = chunks.peekable();
     let first = chunks.next().unwrap_or_default();
     if chunks.peek().is_none() {
         return res.body(first);
     }
-    let body = std::iter::once(first)
-        .chain(chunks)
-        .map(Ok::<_, std::io::Error>);
-    res.streaming(futures::stream::iter(body))
+    let first = futures::stream::once(std::future::ready(Ok(first)));
+    match MAKERS.clone().try_acquire_owned() {
+        Ok(maker) => res.streaming(first.chain(made_ahead(chunks, maker))),
+        Err(_) => res.streaming(first.chain(futures::stream::iter(chunks.map(Ok)))),
+    }
+}
+
+/// Bodies that may be made ahead at once, one thread each: as many as the host has cores.
+/// A maker waits for its client, so a slow client holds one; when all are held, further
+/// bodies are made on their connection's thread as before, slower but never stalled, and the
+/// blocking pool is never used up by clients that read slowly.
+static MAKERS: std::sync::LazyLock<Arc<Semaphore>> =
+    std::sync::LazyLock::new(|| Arc::new(Semaphore::new(maker_count())));
+
+fn maker_count() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// `chunks` as a stream made on a blocking-pool thread while the connection writes the chunks
+/// before. Making the chunks of a 50,000-sandbox list (copying each entry's kept form) takes
+/// about as long as writing them, and on the writing thread the two added up (PERFORMANCE.md,
+/// "Lists at scale"). The queue holds one chunk, so a list in flight holds about three (being
+/// made, queued, being written). A client that hangs up closes the queue and the maker stops
+/// at its next chunk; a maker that panics ends the body with an error, so that the connection
+/// is cut rather than the list ending early as if it were whole.
+fn made_ahead<I>(
+    mut chunks: I,
+    maker: OwnedSemaphorePermit,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>>
+where
+    I: Iterator<Item = Bytes> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::task::spawn_blocking(move || {
+        let _maker = maker;
+        loop {
+            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chunks.next()));
+            let sent = match next {
+                Ok(Some(chunk)) => tx.blocking_send(Ok(chunk)),
+                Ok(None) => return,
+                Err(_) => {
+                    let _ = tx.blocking_send(Err(std::io::Error::other(
+                        "making the body's next chunk panicked",
+                    )));
+                    return;
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use actix_web::body::{BodySize, MessageBody};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use tokio::sync::oneshot;
 
     fn parts(n: usize) -> impl Iterator<Item = Bytes> {
         (0..n).map(|i| Bytes::from(format!("part{i};")))
@@ -99,5 +156,105 @@ mod tests {
             .await
             .unwrap_or_default();
         assert_eq!(&body[..], b"part0;part1;part2;");
+    }
+
+    /// Endless chunks that count how many were made and say when they are dropped.
+    struct Counted {
+        made: Arc<AtomicUsize>,
+        dropped: Option<tokio::sync::oneshot::Sender<()>>,
+        panic_at: Option<usize>,
+    }
+
+    impl Iterator for Counted {
+        type Item = Bytes;
+        fn next(&mut self) -> Option<Bytes> {
+            let n = self.made.fetch_add(1, Ordering::SeqCst);
+            assert_ne!(Some(n), self.panic_at, "the maker fails at chunk {n}");
+            Some(Bytes::from(vec![b'x'; 100]))
+        }
+    }
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            if let Some(tx) = self.dropped.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+
+    fn counted(panic_at: Option<usize>) -> (Counted, Arc<AtomicUsize>, oneshot::Receiver<()>) {
+        let made = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = oneshot::channel();
+        let c = Counted {
+            made: made.clone(),
+            dropped: Some(tx),
+            panic_at,
+        };
+        (c, made, rx)
+    }
+
+    fn one_maker() -> (Arc<Semaphore>, OwnedSemaphorePermit) {
+        let makers = Arc::new(Semaphore::new(1));
+        let permit = makers.clone().try_acquire_owned();
+        (makers, permit.expect("a fresh semaphore has a permit"))
+    }
+
+    #[actix_web::test]
+    async fn a_client_that_hangs_up_stops_the_maker_and_frees_it() {
+        let (chunks, made, dropped) = counted(None);
+        let (makers, maker) = one_maker();
+        let mut body = Box::pin(made_ahead(chunks, maker));
+        for _ in 0..5 {
+            assert!(matches!(body.next().await, Some(Ok(_))));
+        }
+        assert_eq!(
+            makers.available_permits(),
+            0,
+            "the maker is held while it makes"
+        );
+        drop(body);
+        let stopped = tokio::time::timeout(Duration::from_secs(10), dropped).await;
+        assert!(
+            stopped.is_ok(),
+            "the maker still runs after the body was dropped"
+        );
+        // Five read, and at most the queued one and the one being made beyond them.
+        let n = made.load(Ordering::SeqCst);
+        assert!((5..=8).contains(&n), "{n} chunks made for 5 read");
+        let freed = async {
+            while makers.available_permits() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_secs(10), freed)
+                .await
+                .is_ok(),
+            "the maker is not freed"
+        );
+    }
+
+    #[actix_web::test]
+    async fn a_maker_that_fails_cuts_the_body_instead_of_ending_it() {
+        let (chunks, _, _) = counted(Some(3));
+        let (_makers, maker) = one_maker();
+        let sent: Vec<_> = made_ahead(chunks, maker).collect().await;
+        assert_eq!(sent.len(), 4, "three chunks, then the error");
+        assert!(sent[..3].iter().all(Result::is_ok));
+        assert!(sent[3].is_err());
+    }
+
+    #[actix_web::test]
+    async fn bodies_are_whole_when_every_maker_is_busy() {
+        // Every maker held (once other tests free theirs), so the body is made on the
+        // connection's thread.
+        let all = u32::try_from(maker_count()).unwrap_or(u32::MAX);
+        let held = MAKERS.clone().acquire_many_owned(all).await;
+        assert_eq!(MAKERS.available_permits(), 0);
+        let three = chunked_reply(HttpResponse::Ok(), parts(3));
+        assert_eq!(three.body().size(), BodySize::Stream);
+        let body = actix_web::body::to_bytes(three.into_body()).await;
+        assert_eq!(&body.unwrap_or_default()[..], b"part0;part1;part2;");
+        drop(held);
     }
 }

@@ -23,6 +23,8 @@ const TABLE: &str = "application/json;as=Table;g=meta.k8s.io;v=v1,application/js
 /// One way of listing, measured.
 pub struct Way {
     pub name: &'static str,
+    /// The facade's route as it is (the others are the paths it replaced).
+    pub current: bool,
     pub cold: Duration,
     /// The gateway's resident growth during the cold list (the streamed path keeps what it
     /// rendered).
@@ -121,11 +123,7 @@ fn rss_peak() -> u64 {
 /// Today's path, for the side by side: the page serialized whole into one buffer and sent as
 /// one body (what the facade's list route did before bodies were streamed).
 async fn buffered(f: web::Data<Facade>, req: HttpRequest) -> HttpResponse {
-    let table = req
-        .headers()
-        .get("Accept")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("as=Table"));
+    let table = asks_table(&req);
     let Ok(snap) = f
         .snapshot(None, &LabelSelector::default(), &FieldSelector::default())
         .await
@@ -140,6 +138,36 @@ async fn buffered(f: web::Data<Facade>, req: HttpRequest) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .body(body)
+}
+
+/// The streamed path as it was before chunks were made off the writing thread, for the side
+/// by side: the same chunks, made on the connection's own thread as it takes each one.
+async fn on_the_writer(f: web::Data<Facade>, req: HttpRequest) -> HttpResponse {
+    let shape = if asks_table(&req) {
+        Shape::Table {
+            now: chrono::Utc::now(),
+        }
+    } else {
+        Shape::Objects
+    };
+    let Ok(snap) = f
+        .snapshot(None, &LabelSelector::default(), &FieldSelector::default())
+        .await
+    else {
+        return HttpResponse::InternalServerError().finish();
+    };
+    let n = snap.entries.len();
+    let chunks = Chunks::new(Arc::new(snap), 0..n, shape, None, None);
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .streaming(futures::stream::iter(chunks.map(Ok::<_, std::io::Error>)))
+}
+
+fn asks_table(req: &HttpRequest) -> bool {
+    req.headers()
+        .get("Accept")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table"))
 }
 
 struct Got {
@@ -211,6 +239,7 @@ pub async fn bench_lists(nodes: usize, per_node: usize, runs: usize) -> Res<List
         actix_web::App::new()
             .app_data(served.clone())
             .route("/buffered", web::get().to(buffered))
+            .route("/on-the-writer", web::get().to(on_the_writer))
             .configure(facade::configure)
     })
     .workers(1)
@@ -224,33 +253,55 @@ pub async fn bench_lists(nodes: usize, per_node: usize, runs: usize) -> Res<List
     let c = reqwest::Client::new();
     let streamed = format!("http://{addr}/apis/agents.x-k8s.io/v1beta1/sandboxes");
     let old = format!("http://{addr}/buffered");
+    let writer = format!("http://{addr}/on-the-writer");
 
-    let mut ways = Vec::new();
-    // Streamed first, so that its cold list is the first to render each object.
-    for (name, url, table) in [
+    // Streamed first, so that its cold list is the first to render each object; then the
+    // warm lists take turns, one of each way per round, so that a busy moment of this shared
+    // machine falls on every way alike.
+    let listed = [
         ("streamed JSON `SandboxList`", &streamed, false),
         ("streamed `Table`", &streamed, true),
+        (
+            "streamed JSON, chunks made on the writing thread",
+            &writer,
+            false,
+        ),
+        (
+            "streamed `Table`, chunks made on the writing thread",
+            &writer,
+            true,
+        ),
         ("today's buffered JSON `SandboxList`", &old, false),
         ("today's buffered `Table`", &old, true),
-    ] {
-        let cold = get(&c, url, table).await?;
-        let (mut times, mut growth, mut heap) = (Vec::new(), 0, 0);
-        for _ in 0..runs {
-            let g = get(&c, url, table).await?;
+    ];
+    let mut cold = Vec::new();
+    for (_, url, table) in listed {
+        cold.push(get(&c, url, table).await?);
+    }
+    let mut warm: Vec<(Vec<Duration>, u64, u64)> = vec![(Vec::new(), 0, 0); listed.len()];
+    for _ in 0..runs {
+        for ((_, url, table), (times, growth, heap)) in listed.iter().zip(&mut warm) {
+            let g = get(&c, url, *table).await?;
             times.push(g.took);
-            growth = growth.max(g.rss_growth);
-            heap = heap.max(g.heap_peak);
+            *growth = (*growth).max(g.rss_growth);
+            *heap = (*heap).max(g.heap_peak);
         }
-        ways.push(Way {
+    }
+    let ways: Vec<Way> = listed
+        .iter()
+        .zip(cold)
+        .zip(warm)
+        .map(|(((name, url, _), cold), (times, growth, heap))| Way {
             name,
+            current: *url == &streamed,
             cold: cold.took,
             cold_growth: cold.rss_growth,
             warm: summarize(times),
             bytes: cold.bytes,
             rss_growth: growth,
             heap_peak: heap,
-        });
-    }
+        })
+        .collect();
 
     let mut pages = Vec::new();
     for (name, table) in [("JSON", false), ("Table", true)] {
@@ -445,10 +496,14 @@ pub fn render_lists(o: &mut String, b: &ListBench) {
          serialized whole into one buffer, sent as one body), served side by side on another \
          route over the same view; \"streamed\" is the facade's route now: each entry's object is \
          serialized once per revision and kept with the view entry, and the body is written in \
-         chunks of {} KiB as the connection takes them (a Table row's age is written per \
-         request). \
+         chunks of {} KiB, each made on a blocking-pool thread while the connection writes the \
+         one before (one such maker per core; with all of them busy, a body is made on its \
+         connection's thread; a Table row's age is written per request); \"chunks made on the writing \
+         thread\" is the same body made as the connection takes each chunk, as the route did \
+         before, on a third route. \
          Cold is the first list after the view was built (nothing rendered yet); then {} warm \
-         lists each. Memory: the gateway is this process, so its growth is VmHWM after the list \
+         lists each, taking turns (one of each way per round, so that a busy moment of this \
+         shared machine falls on every way alike). Memory: the gateway is this process, so its growth is VmHWM after the list \
          minus VmRSS before (peak reset with `/proc/self/clear_refs`); heap is the most bytes \
          held at once beyond what was live before, by the counting allocator. Pages: \
          `limit=500` then `continue` until the end, three walks (so three first pages).\n",

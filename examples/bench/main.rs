@@ -164,7 +164,7 @@ fn measure(rt: &tokio::runtime::Runtime, sections: &[&str], opts: &Options) -> R
                 ))?;
                 run.facade = Some(facade);
             }
-            "lists" => run.lists = Some(rt.block_on(lists::bench_lists(200, 250, 20))?),
+            "lists" => run.lists = Some(rt.block_on(lists::bench_lists(200, 250, 60))?),
             "verbs" => {
                 run.verbs = Some(rt.block_on(boundary::bench_verbs(&[0, 1, 16, 128], VERB_RUNS))?)
             }
@@ -420,7 +420,7 @@ fn render_summary(run: &Run) -> String {
         );
     }
     if let Some(l) = &run.lists {
-        for w in l.ways.iter().filter(|w| w.name.starts_with("streamed")) {
+        for w in l.ways.iter().filter(|w| w.current) {
             row(
                 &mut o,
                 &format!("list of {} over HTTP, {} (p50)", l.sandboxes, w.name),

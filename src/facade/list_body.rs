@@ -127,6 +127,7 @@ mod tests {
     use super::*;
     use crate::dispatch::read_view::Entry;
     use crate::model::{Phase, SandboxRecord};
+    use actix_web::body::MessageBody;
 
     fn rec(i: usize) -> SandboxRecord {
         let t0 = DateTime::<Utc>::from_timestamp(1_790_000_000, 0).unwrap_or_default();
@@ -223,6 +224,21 @@ mod tests {
             let v: serde_json::Value = serde_json::from_slice(&streamed).expect("valid JSON");
             assert_eq!(v["rows"].as_array().map(Vec::len), Some(range.len()));
         }
+    }
+
+    #[actix_web::test]
+    async fn a_reply_made_ahead_carries_every_chunk_in_order() {
+        let snap = snapshot(400);
+        let chunks = || Chunks::new(snap.clone(), 0..400, Shape::Objects, None, None);
+        let res = reply(chunks().in_chunks_of(SMALL));
+        assert_eq!(
+            res.body().size(),
+            actix_web::body::BodySize::Stream,
+            "many chunks are streamed"
+        );
+        let sent = actix_web::body::to_bytes(res.into_body()).await;
+        let sent = sent.map_err(|e| e.to_string()).expect("the body is whole");
+        assert_eq!(&sent[..], &collect(chunks())[..]);
     }
 
     #[test]
