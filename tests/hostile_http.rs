@@ -46,6 +46,32 @@ async fn client_mistakes_are_client_errors() {
         let body: Value = r.json().await.expect("a JSON error");
         assert_eq!(body["code"], 405, "{body}");
     }
+    // Any token is a method: each once became a label set of its own in the request
+    // metrics, which keep every set they have seen, so a client could grow them without end.
+    for i in 0..20 {
+        let method = reqwest::Method::from_bytes(format!("ODD{i}").as_bytes()).expect("method");
+        let r = http
+            .request(method, format!("{}/v2/sandboxes", gw.e2b_url))
+            .header("X-API-KEY", KEY_TEAM_A)
+            .send()
+            .await
+            .expect("request");
+        assert!(r.status().is_client_error(), "{}", r.status());
+    }
+    let metrics = http
+        .get(format!("{}/metrics", gw.e2b_url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    assert!(!metrics.contains("ODD"), "a client's method became a label");
+    assert!(
+        metrics.contains("method=\"other\""),
+        "odd methods are counted together"
+    );
+
     // The build API itself stays a deliberate, documented 501.
     let r = http
         .post(format!("{}/templates/base", gw.e2b_url))

@@ -154,7 +154,8 @@ where
         let route = req
             .match_pattern()
             .unwrap_or_else(|| "unmatched".to_string());
-        let method = req.method().to_string();
+        let method = method_label(req.method());
+        let raw_method = req.method().clone();
         let path = req.path().to_string();
         let start = Instant::now();
         let span = tracing::info_span!("request", id = %id);
@@ -178,11 +179,49 @@ where
                     res.headers_mut()
                         .insert(HeaderName::from_static(REQUEST_ID), v);
                 }
-                metrics.observe(surface, &route, &method, status, took.as_secs_f64());
-                tracing::info!(%method, %path, status, ms = took.as_secs_f64() * 1000.0, "request");
+                metrics.observe(surface, &route, method, status, took.as_secs_f64());
+                tracing::info!(method = %raw_method, %path, status, ms = took.as_secs_f64() * 1000.0, "request");
                 Ok(res)
             }
             .instrument(span),
         )
+    }
+}
+
+/// A request's method as a metrics label: the standard ones by name, any other as "other".
+/// A client may send any token as a method, and a label set per token would grow the
+/// registry, which keeps every set it has seen, without bound.
+fn method_label(m: &actix_web::http::Method) -> &'static str {
+    use actix_web::http::Method;
+    const KNOWN: [(Method, &str); 9] = [
+        (Method::GET, "GET"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::PATCH, "PATCH"),
+        (Method::DELETE, "DELETE"),
+        (Method::HEAD, "HEAD"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::TRACE, "TRACE"),
+        (Method::CONNECT, "CONNECT"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(k, _)| k == m)
+        .map_or("other", |(_, name)| name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::http::Method;
+
+    #[test]
+    fn methods_outside_the_standard_ones_share_one_label() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::PATCH), "PATCH");
+        for odd in [&b"FOO"[..], b"get", b"PROPFIND", b"X-1234567890"] {
+            let m = Method::from_bytes(odd).expect("a token is a method");
+            assert_eq!(method_label(&m), "other", "{m}");
+        }
     }
 }
