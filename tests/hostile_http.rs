@@ -58,14 +58,7 @@ async fn client_mistakes_are_client_errors() {
             .expect("request");
         assert!(r.status().is_client_error(), "{}", r.status());
     }
-    let metrics = http
-        .get(format!("{}/metrics", gw.e2b_url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = common::gateway::metrics_at(&http, &gw.e2b_url).await;
     assert!(!metrics.contains("ODD"), "a client's method became a label");
     assert!(
         metrics.contains("method=\"other\""),

@@ -113,14 +113,7 @@ impl Gateway {
 impl Gateway {
     /// The Prometheus text at /metrics.
     pub async fn metrics_text(&self) -> String {
-        self.http
-            .get(format!("{}/metrics", self.url))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text")
+        metrics_at(&self.http, &self.url).await
     }
 
     /// The value of an unlabelled gauge or counter (-1 when absent).
@@ -147,4 +140,15 @@ impl Gateway {
         self.call(Method::GET, &format!("/sandboxes/{id}"), Some(key), None)
             .await
     }
+}
+
+/// The Prometheus text at `{base}/metrics` (a gateway's e2b listener).
+pub async fn metrics_at(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text")
 }
