@@ -5,11 +5,9 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::ErrorHandlerResponse;
 use actix_web::{HttpResponse, HttpResponseBuilder};
-use std::sync::Arc;
-
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Marks a response that must reach the client unchanged.
 pub struct Passthrough;
@@ -77,7 +75,7 @@ where
         return res.body(first);
     }
     let first = futures::stream::once(std::future::ready(Ok(first)));
-    match MAKERS.clone().try_acquire_owned() {
+    match MAKERS.try_acquire() {
         Ok(maker) => res.streaming(first.chain(made_ahead(chunks, maker))),
         Err(_) => res.streaming(first.chain(futures::stream::iter(chunks.map(Ok)))),
     }
@@ -87,8 +85,8 @@ where
 /// A maker waits for its client, so a slow client holds one; when all are held, further
 /// bodies are made on their connection's thread as before, slower but never stalled, and the
 /// blocking pool is never used up by clients that read slowly.
-static MAKERS: std::sync::LazyLock<Arc<Semaphore>> =
-    std::sync::LazyLock::new(|| Arc::new(Semaphore::new(maker_count())));
+static MAKERS: std::sync::LazyLock<Semaphore> =
+    std::sync::LazyLock::new(|| Semaphore::new(maker_count()));
 
 fn maker_count() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -103,7 +101,7 @@ fn maker_count() -> usize {
 /// is cut rather than the list ending early as if it were whole.
 fn made_ahead<I>(
     mut chunks: I,
-    maker: OwnedSemaphorePermit,
+    maker: SemaphorePermit<'static>,
 ) -> impl futures::Stream<Item = std::io::Result<Bytes>>
 where
     I: Iterator<Item = Bytes> + Send + 'static,
@@ -112,18 +110,16 @@ where
     tokio::task::spawn_blocking(move || {
         let _maker = maker;
         loop {
-            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chunks.next()));
-            let sent = match next {
-                Ok(Some(chunk)) => tx.blocking_send(Ok(chunk)),
-                Ok(None) => return,
-                Err(_) => {
-                    let _ = tx.blocking_send(Err(std::io::Error::other(
+            let next =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chunks.next())) {
+                    Ok(Some(chunk)) => Ok(chunk),
+                    Ok(None) => return,
+                    Err(_) => Err(std::io::Error::other(
                         "making the body's next chunk panicked",
-                    )));
-                    return;
-                }
-            };
-            if sent.is_err() {
+                    )),
+                };
+            let last = next.is_err();
+            if tx.blocking_send(next).is_err() || last {
                 return;
             }
         }
@@ -135,6 +131,7 @@ where
 mod tests {
     use super::*;
     use actix_web::body::{BodySize, MessageBody};
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
     use tokio::sync::oneshot;
@@ -161,7 +158,7 @@ mod tests {
     /// Endless chunks that count how many were made and say when they are dropped.
     struct Counted {
         made: Arc<AtomicUsize>,
-        dropped: Option<tokio::sync::oneshot::Sender<()>>,
+        dropped: Option<oneshot::Sender<()>>,
         panic_at: Option<usize>,
     }
 
@@ -193,9 +190,11 @@ mod tests {
         (c, made, rx)
     }
 
-    fn one_maker() -> (Arc<Semaphore>, OwnedSemaphorePermit) {
-        let makers = Arc::new(Semaphore::new(1));
-        let permit = makers.clone().try_acquire_owned();
+    /// A semaphore of one maker of the test's own (leaked, as `MAKERS` lives for good) and
+    /// its permit.
+    fn one_maker() -> (&'static Semaphore, SemaphorePermit<'static>) {
+        let makers: &'static Semaphore = Box::leak(Box::new(Semaphore::new(1)));
+        let permit = makers.try_acquire();
         (makers, permit.expect("a fresh semaphore has a permit"))
     }
 
@@ -249,7 +248,7 @@ mod tests {
         // Every maker held (once other tests free theirs), so the body is made on the
         // connection's thread.
         let all = u32::try_from(maker_count()).unwrap_or(u32::MAX);
-        let held = MAKERS.clone().acquire_many_owned(all).await;
+        let held = MAKERS.acquire_many(all).await;
         assert_eq!(MAKERS.available_permits(), 0);
         let three = chunked_reply(HttpResponse::Ok(), parts(3));
         assert_eq!(three.body().size(), BodySize::Stream);

@@ -124,10 +124,7 @@ fn rss_peak() -> u64 {
 /// one body (what the facade's list route did before bodies were streamed).
 async fn buffered(f: web::Data<Facade>, req: HttpRequest) -> HttpResponse {
     let table = asks_table(&req);
-    let Ok(snap) = f
-        .snapshot(None, &LabelSelector::default(), &FieldSelector::default())
-        .await
-    else {
+    let Some(snap) = whole_view(&f).await else {
         return HttpResponse::InternalServerError().finish();
     };
     let body = if table {
@@ -150,10 +147,7 @@ async fn on_the_writer(f: web::Data<Facade>, req: HttpRequest) -> HttpResponse {
     } else {
         Shape::Objects
     };
-    let Ok(snap) = f
-        .snapshot(None, &LabelSelector::default(), &FieldSelector::default())
-        .await
-    else {
+    let Some(snap) = whole_view(&f).await else {
         return HttpResponse::InternalServerError().finish();
     };
     let n = snap.entries.len();
@@ -161,6 +155,13 @@ async fn on_the_writer(f: web::Data<Facade>, req: HttpRequest) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .streaming(futures::stream::iter(chunks.map(Ok::<_, std::io::Error>)))
+}
+
+/// The unfiltered snapshot both side-by-side routes list.
+async fn whole_view(f: &Facade) -> Option<facade::ListSnapshot> {
+    f.snapshot(None, &LabelSelector::default(), &FieldSelector::default())
+        .await
+        .ok()
 }
 
 fn asks_table(req: &HttpRequest) -> bool {
