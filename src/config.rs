@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gateway (the default). Without --node it starts an embedded node.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a node daemon that owns the sandboxes of this machine.
     Node(NodeArgs),
     /// Run the in-sandbox agent (started by a node for every sandbox).
@@ -226,6 +226,11 @@ pub struct ServeArgs {
     /// then answers 504 with `Should-Retry: false`).
     #[arg(long, default_value_t = 30.0)]
     pub claim_timeout_seconds: f64,
+    /// A client that takes none of a response's bytes for this long is disconnected, so that
+    /// a list, download or output stream it stopped reading frees what it holds (like
+    /// nginx's `send_timeout`); 0 keeps the connection as long as the kernel does.
+    #[arg(long, default_value_t = crate::gateway::stalled::DEFAULT_STALLED_CLIENT.as_secs_f64())]
+    pub stalled_client_seconds: f64,
     /// Serving certificate of the Kubernetes API (PEM) [default: generated into DATA_DIR/tls].
     #[arg(long, requires = "tls_key_file")]
     pub tls_cert_file: Option<PathBuf>,

@@ -82,7 +82,8 @@ where
 }
 
 /// Bodies that may be made ahead at once, one thread each: as many as the host has cores.
-/// A maker waits for its client, so a slow client holds one; when all are held, further
+/// A maker waits for its client, so a slow client holds one (one that stops reading, until
+/// the gateway cuts its connection: `gateway::stalled`); when all are held, further
 /// bodies are made on their connection's thread as before, slower but never stalled, and the
 /// blocking pool is never used up by clients that read slowly.
 static MAKERS: std::sync::LazyLock<Semaphore> =

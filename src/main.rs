@@ -170,7 +170,7 @@ fn template_command(cmd: TemplateCommand) -> Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let outcome = match cli.command.unwrap_or(Command::Serve(cli.serve)) {
+    let outcome = match cli.command.unwrap_or(Command::Serve(Box::new(cli.serve))) {
         Command::Agent(a) => {
             if a.boot.is_some() {
                 init_sandbox_logging();
@@ -213,14 +213,24 @@ fn main() -> ExitCode {
             runtime().and_then(|rt| rt.block_on(run_node(n)))
         }
         Command::Serve(s) => {
+            let s = *s;
             init_logging("info");
             let claim_timeout = Duration::try_from_secs_f64(s.claim_timeout_seconds)
                 .ok()
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| Error::invalid("--claim-timeout-seconds must be a positive number"));
+            let stalled_client = match Duration::try_from_secs_f64(s.stalled_client_seconds) {
+                Ok(d) => Ok((!d.is_zero()).then_some(d)),
+                Err(_) => Err(Error::invalid(
+                    "--stalled-client-seconds must be 0 (no limit) or a positive number",
+                )),
+            };
             claim_timeout
-                .and_then(|claim_timeout| runtime().map(|rt| (rt, claim_timeout)))
-                .and_then(|(rt, claim_timeout)| {
+                .and_then(|claim_timeout| stalled_client.map(|stall| (claim_timeout, stall)))
+                .and_then(|(claim_timeout, stalled_client)| {
+                    runtime().map(|rt| (rt, claim_timeout, stalled_client))
+                })
+                .and_then(|(rt, claim_timeout, stalled_client)| {
                     rt.block_on(gateway::run(gateway::ServeConfig {
                         e2b_listen: s.e2b_listen,
                         kube_listen: s.kube_listen,
@@ -265,6 +275,7 @@ fn main() -> ExitCode {
                                 ..Default::default()
                             },
                         }),
+                        stalled_client,
                     }))
                 })
         }

@@ -113,62 +113,6 @@ fn message(r: &Reply) -> String {
     r.body["message"].as_str().unwrap_or_default().to_string()
 }
 
-/// Warm `base` sandboxes the gateway sees, summed over its pools.
-async fn warm(gw: &Gateway) -> i64 {
-    gw.metrics_text()
-        .await
-        .lines()
-        .filter(|l| l.starts_with("sandbox_gateway_warm_sandboxes{") && l.contains("base"))
-        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
-        .map(|v| v as i64)
-        .sum()
-}
-
-async fn wait_warm(gw: &Gateway, n: i64, what: &str) {
-    for _ in 0..600 {
-        if warm(gw).await == n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what} ({n} warm)");
-}
-
-/// Runs `bash -c cmd` in the sandbox through the gateway's data plane (envd's Connect
-/// protocol, as the SDKs call it); answers the exit code and stdout.
-async fn run(gw: &Gateway, sandbox: &Value, cmd: &str) -> Result<(i64, String), String> {
-    let body = common::sandbox::start_body(&["-c", cmd]);
-    let res = gw
-        .http
-        .post(format!("{}/process.Process/Start", gw.url))
-        .header(
-            "E2b-Sandbox-Id",
-            sandbox["sandboxID"].as_str().unwrap_or_default(),
-        )
-        .header("E2b-Sandbox-Port", "49983")
-        .header(
-            "X-Access-Token",
-            sandbox["envdAccessToken"].as_str().unwrap_or_default(),
-        )
-        .header("Content-Type", "application/connect+json")
-        .header("Connect-Protocol-Version", "1")
-        .timeout(Duration::from_secs(60))
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = res.status();
-    let bytes = res.bytes().await.map_err(|e| e.to_string())?;
-    if status != StatusCode::OK {
-        return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)));
-    }
-    let ran = common::sandbox::parse_start_stream(&bytes)?;
-    if ran.end.is_null() {
-        return Err("the command's stream had no end".to_string());
-    }
-    Ok((ran.exit_code, ran.stdout))
-}
-
 async fn snapshot(gw: &Gateway, id: &str) -> Reply {
     gw.call(
         Method::POST,
@@ -221,7 +165,7 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     });
 
     // A running sandbox, and the pool back at one warm sandbox.
-    wait_warm(&gw, 1, "the warm pool").await;
+    gw.wait_warm(1, "the warm pool").await;
     let a = gw.create(KEY_A, create.clone()).await;
     let a_id = a["sandboxID"].as_str().unwrap().to_string();
     // The refill has started once its directory is there; after one more poll of the node
@@ -231,11 +175,8 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    wait_warm(&gw, 1, "the pool to refill").await;
-    assert_eq!(
-        run(&gw, &a, "echo before").await,
-        Ok((0, "before\n".into()))
-    );
+    gw.wait_warm(1, "the pool to refill").await;
+    assert_eq!(gw.run(&a, "echo before").await, Ok((0, "before\n".into())));
     let booted = sorted(dir_entries(&sandboxes));
     assert_eq!(booted.len(), 2, "one claimed and one warm: {booted:?}");
 
@@ -317,8 +258,8 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
 
     // The sandboxes that ran keep running, through a snapshot attempt (which froze and
     // thawed the source) and through a pause/resume round trip.
-    assert_eq!(run(&gw, &a, "echo still").await, Ok((0, "still\n".into())));
-    assert_eq!(run(&gw, &b, "echo b").await, Ok((0, "b\n".into())));
+    assert_eq!(gw.run(&a, "echo still").await, Ok((0, "still\n".into())));
+    assert_eq!(gw.run(&b, "echo b").await, Ok((0, "b\n".into())));
     let mut ran_on_full_disk = 2;
     let p = gw
         .call(
@@ -339,7 +280,7 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
         .await;
     assert_eq!(c.status, StatusCode::CREATED, "resumed: {:?}", c.body);
     assert_eq!(
-        run(&gw, &a, "echo resumed").await,
+        gw.run(&a, "echo resumed").await,
         Ok((0, "resumed\n".into()))
     );
     ran_on_full_disk += 1;
@@ -353,8 +294,7 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
 
     // What a sandbox sees when it writes to its own disk while the host file system under
     // it is full (observed, not asserted: RELIABILITY.md, "A full data directory").
-    let seen = run(
-        &gw,
+    let seen = gw.run(
         &b,
         "dd if=/dev/urandom of=/home/user/big bs=1M count=8 2>&1 | tail -1; sync; echo sync=$?; \
          cat /home/user/big >/dev/null 2>&1; echo read=$?",
@@ -377,7 +317,7 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     ]);
 
     // Space comes back: the snapshot works and is listed, and the pool refills.
-    let warm_while_full = warm(&gw).await;
+    let warm_while_full = gw.warm().await;
     std::fs::remove_file(&filler).unwrap();
     let freed_at = Instant::now();
     let s = snapshot(&gw, &a_id).await;
@@ -387,9 +327,10 @@ async fn a_full_node_disk_answers_507_and_leaves_nothing_half_written() {
     let listed = snapshot_ids(&gw).await;
     assert_eq!(listed, vec![snap.clone()]);
     assert_eq!(dir_entries(&checkpoints).len(), 1);
-    wait_warm(&gw, 1, "the pool to refill once space is free").await;
+    gw.wait_warm(1, "the pool to refill once space is free")
+        .await;
     let refilled = freed_at.elapsed();
-    assert_eq!(run(&gw, &a, "echo after").await, Ok((0, "after\n".into())));
+    assert_eq!(gw.run(&a, "echo after").await, Ok((0, "after\n".into())));
     figures.add(&[
         ("case", "space-freed".into()),
         ("snapshot_status", s.status.as_u16().to_string()),

@@ -2,6 +2,7 @@
 //! address is given, connects the dispatcher to the nodes, and serves the e2b surface.
 
 pub mod observe;
+pub mod stalled;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,6 +48,9 @@ pub struct ServeConfig {
     pub kube: KubeConfig,
     /// Cluster mode: discover nodes from their NodeInventory objects.
     pub cluster: Option<ClusterConfig>,
+    /// A client connection whose sent bytes go unacknowledged this long is cut
+    /// (`stalled::limit`); `None` leaves the kernel's limits.
+    pub stalled_client: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -283,6 +287,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         &client_cas.iter().map(Vec::as_slice).collect::<Vec<_>>(),
     )?;
     let kube_metrics = metrics.clone();
+    let stall = cfg.stalled_client;
     let kube_server = HttpServer::new(move || {
         App::new()
             .app_data(facade_state.clone())
@@ -296,7 +301,10 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     .keep_alive(KEEP_ALIVE)
     .shutdown_timeout(5)
     .disable_signals()
-    .on_connect(capture_peer_certificates)
+    .on_connect(move |conn, ext| {
+        stalled::limit(conn, stall);
+        capture_peer_certificates(conn, ext);
+    })
     .bind_rustls_0_23(&cfg.kube_listen, tls.config)
     .map_err(|e| {
         Error::io(
@@ -330,7 +338,8 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     .tcp_nodelay(true)
     .keep_alive(KEEP_ALIVE)
     .shutdown_timeout(5)
-    .disable_signals();
+    .disable_signals()
+    .on_connect(move |conn, _| stalled::limit(conn, stall));
     let e2b_tls = e2b_tls_config(&cfg)?;
     let bound = match e2b_tls {
         Some(tls) => server.bind_rustls_0_23(&cfg.e2b_listen, tls),

@@ -116,6 +116,28 @@ impl Gateway {
         metrics_at(&self.http, &self.url).await
     }
 
+    /// Warm `base` sandboxes the gateway sees, summed over its pools.
+    pub async fn warm(&self) -> i64 {
+        self.metrics_text()
+            .await
+            .lines()
+            .filter(|l| l.starts_with("sandbox_gateway_warm_sandboxes{") && l.contains("base"))
+            .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+            .map(|v| v as i64)
+            .sum()
+    }
+
+    /// Waits (up to a minute) until `warm` is `n`.
+    pub async fn wait_warm(&self, n: i64, what: &str) {
+        for _ in 0..600 {
+            if self.warm().await == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("timed out waiting for {what} ({n} warm)");
+    }
+
     /// The value of an unlabelled gauge or counter (-1 when absent).
     pub async fn metric(&self, name: &str) -> i64 {
         self.metrics_text()
@@ -133,6 +155,41 @@ impl Gateway {
         self.call(Method::DELETE, &format!("/sandboxes/{id}"), Some(key), None)
             .await
             .status
+    }
+
+    /// Runs `bash -c cmd` in the sandbox through the gateway's data plane (envd's Connect
+    /// protocol, as the SDKs call it); answers the exit code and stdout.
+    pub async fn run(&self, sandbox: &Value, cmd: &str) -> Result<(i64, String), String> {
+        let body = super::sandbox::start_body(&["-c", cmd]);
+        let res = self
+            .http
+            .post(format!("{}/process.Process/Start", self.url))
+            .header(
+                "E2b-Sandbox-Id",
+                sandbox["sandboxID"].as_str().unwrap_or_default(),
+            )
+            .header("E2b-Sandbox-Port", "49983")
+            .header(
+                "X-Access-Token",
+                sandbox["envdAccessToken"].as_str().unwrap_or_default(),
+            )
+            .header("Content-Type", "application/connect+json")
+            .header("Connect-Protocol-Version", "1")
+            .timeout(Duration::from_secs(60))
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = res.status();
+        let bytes = res.bytes().await.map_err(|e| e.to_string())?;
+        if status != StatusCode::OK {
+            return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)));
+        }
+        let ran = super::sandbox::parse_start_stream(&bytes)?;
+        if ran.end.is_null() {
+            return Err("the command's stream had no end".to_string());
+        }
+        Ok((ran.exit_code, ran.stdout))
     }
 
     /// `GET /sandboxes/{id}`.
