@@ -13,60 +13,78 @@ use crate::model::SandboxRecord;
 
 /// Go's `duration.HumanDuration`, as the API server renders ages in tables.
 pub fn human_duration(d: chrono::TimeDelta) -> String {
+    let mut out = String::new();
+    let _ = write_human_duration(&mut out, d);
+    out
+}
+
+/// `human_duration` written into `out`: a Table list writes one per row, into the chunk it
+/// is making, without a `String` of its own for each.
+fn write_human_duration(out: &mut impl std::fmt::Write, d: chrono::TimeDelta) -> std::fmt::Result {
     let seconds = d.num_seconds();
     if seconds < -1 {
-        return "<invalid>".into();
+        return out.write_str("<invalid>");
     }
     if seconds < 0 {
-        return "0s".into();
+        return out.write_str("0s");
     }
     if seconds < 120 {
-        return format!("{seconds}s");
+        return write!(out, "{seconds}s");
     }
     let minutes = seconds / 60;
     if minutes < 10 {
         let s = seconds % 60;
         return if s == 0 {
-            format!("{minutes}m")
+            write!(out, "{minutes}m")
         } else {
-            format!("{minutes}m{s}s")
+            write!(out, "{minutes}m{s}s")
         };
     }
     if minutes < 180 {
-        return format!("{minutes}m");
+        return write!(out, "{minutes}m");
     }
     let hours = seconds / 3600;
     if hours < 8 {
         let m = minutes % 60;
         return if m == 0 {
-            format!("{hours}h")
+            write!(out, "{hours}h")
         } else {
-            format!("{hours}h{m}m")
+            write!(out, "{hours}h{m}m")
         };
     }
     if hours < 48 {
-        return format!("{hours}h");
+        return write!(out, "{hours}h");
     }
     if hours < 24 * 8 {
         let h = hours % 24;
         return if h == 0 {
-            format!("{}d", hours / 24)
+            write!(out, "{}d", hours / 24)
         } else {
-            format!("{}d{h}h", hours / 24)
+            write!(out, "{}d{h}h", hours / 24)
         };
     }
     if hours < 24 * 365 * 2 {
-        return format!("{}d", hours / 24);
+        return write!(out, "{}d", hours / 24);
     }
     if hours < 24 * 365 * 8 {
         let dy = (hours / 24) % 365;
         return if dy == 0 {
-            format!("{}y", hours / 24 / 365)
+            write!(out, "{}y", hours / 24 / 365)
         } else {
-            format!("{}y{dy}d", hours / 24 / 365)
+            write!(out, "{}y{dy}d", hours / 24 / 365)
         };
     }
-    format!("{}y", hours / 24 / 365)
+    write!(out, "{}y", hours / 24 / 365)
+}
+
+/// A byte buffer as a `fmt::Write`: each piece of text appended as its UTF-8 bytes.
+struct Appended<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Appended<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
 }
 
 #[derive(Serialize)]
@@ -266,7 +284,7 @@ pub(super) fn write_row(out: &mut Vec<u8>, e: &Entry, now: DateTime<Utc>) {
     out.extend_from_slice(&form.bytes[..at]);
     // An age is digits, letters and `<>`: nothing JSON escapes.
     out.push(b'"');
-    out.extend_from_slice(human_duration(now - e.record.claimed_at).as_bytes());
+    let _ = write_human_duration(&mut Appended(out), now - e.record.claimed_at);
     out.push(b'"');
     out.extend_from_slice(&form.bytes[at..]);
 }
