@@ -2,6 +2,7 @@
 //! resolves a sandbox to its owning node, and keeps the merged read view. Both surfaces share
 //! one instance.
 
+mod catch_up;
 pub mod client;
 pub mod forms;
 mod metadata;
@@ -29,6 +30,10 @@ use crate::model::{
     Result, SandboxRecord, SandboxStats, ids,
 };
 use crate::proto;
+
+/// How long a list waits for the read view to reach what a live read saw. A node's stream
+/// delivers within milliseconds; this bounds a list when a stream is resyncing or stuck.
+const CATCH_UP: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
@@ -174,6 +179,17 @@ impl Dispatcher {
 
     pub fn view(&self) -> &ReadView {
         &self.inner.view
+    }
+
+    /// The read view once it reflects what live reads on this replica have seen (waiting at
+    /// most `CATCH_UP`): what lists are served from, so that a sandbox a client just saw
+    /// paused through a get is not listed as running.
+    pub async fn settled_view(&self) -> &ReadView {
+        let view = &self.inner.view;
+        if !view.caught_up(CATCH_UP).await {
+            tracing::debug!("the read view lags a live read; listing what it has");
+        }
+        view
     }
 
     pub fn owners(&self) -> &OwnerIndex {
@@ -567,15 +583,19 @@ impl Dispatcher {
         timeout: Duration,
     ) -> Result<SandboxRecord> {
         let mut c = node.conn().client();
-        node.conn()
+        let reply = node
+            .conn()
             .call(
                 "get",
                 Effect::Read,
                 timeout,
                 c.get(proto::SandboxRef { id: id.to_string() }),
             )
-            .await
-            .map(Into::into)
+            .await?;
+        let revision = reply.inventory_revision;
+        let record: SandboxRecord = reply.into();
+        self.inner.view.observed(&record.node, revision);
+        Ok(record)
     }
 
     /// Finds the node that owns claim id `id` (either spelling) and its live record (with
@@ -668,6 +688,9 @@ impl Dispatcher {
                 }),
             )
             .await?;
+        if let Some(name) = node.name() {
+            self.inner.view.observed(&name, reply.revision);
+        }
         Ok(reply.sandboxes.into_iter().map(Into::into).collect())
     }
 

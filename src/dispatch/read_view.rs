@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 
+use super::catch_up::CatchUp;
 use super::forms::Forms;
 use crate::model::{InventoryChange, InventoryEvent, SandboxRecord};
 
@@ -81,6 +82,8 @@ struct NodeSlice {
     snapshots: bool,
     /// Sandboxes this dispatcher changed, and when (snapshot-fed nodes only).
     local: HashMap<String, DateTime<Utc>>,
+    /// The node's inventory revision the entries reflect (stream-fed nodes, once synced).
+    applied: u64,
 }
 
 #[derive(Default)]
@@ -121,6 +124,8 @@ pub struct ReadView {
     listed: Shared,
     /// The same, ordered by claim time (see `by_start`).
     by_start: Shared,
+    /// What live reads saw of each node, which lists wait for.
+    catch_up: CatchUp,
 }
 
 /// A whole-view slice and the revision it was made at, kept until the revision moves.
@@ -307,6 +312,7 @@ impl ReadView {
             tx,
             listed: Mutex::new(None),
             by_start: Mutex::new(None),
+            catch_up: CatchUp::default(),
         }
     }
 
@@ -323,6 +329,8 @@ impl ReadView {
         let mut inner = self.write();
         let slice = inner.nodes.entry(node.to_string()).or_default();
         slice.incoming = Some(HashMap::new());
+        slice.applied = 0;
+        self.catch_up.restart(node);
     }
 
     /// A node's stream ended; its entries stay until `sweep` finds them stale.
@@ -332,10 +340,12 @@ impl ReadView {
             slice.incoming = None;
             slice.lost_since.get_or_insert_with(Instant::now);
         }
+        self.catch_up.moved();
     }
 
     pub fn apply(&self, node: &str, event: InventoryEvent) {
         let mut inner = self.write();
+        let revision = event.revision;
         match event.change {
             InventoryChange::Added(r) | InventoryChange::Modified(r) => {
                 inner.upsert(&self.tx, node, r)
@@ -346,6 +356,38 @@ impl ReadView {
                 inner.nodes.entry(node.to_string()).or_default().incoming = Some(HashMap::new())
             }
         }
+        // A snapshot being received is not applied until SYNCED settles it.
+        if let Some(slice) = inner.nodes.get_mut(node)
+            && slice.incoming.is_none()
+        {
+            slice.applied = slice.applied.max(revision);
+        }
+        drop(inner);
+        self.catch_up.moved();
+    }
+
+    /// A live read saw `node`'s inventory at `revision`: lists wait for the view to get there.
+    pub fn observed(&self, node: &str, revision: u64) {
+        self.catch_up.observe(node, revision);
+    }
+
+    /// Waits, at most `timeout`, until the view reflects what every live read made before
+    /// this call saw, so that a list does not show a sandbox older than a get just did.
+    /// Nodes fed by snapshots, and nodes whose stream is down, are not waited for. Answers
+    /// whether it caught up.
+    pub async fn caught_up(&self, timeout: Duration) -> bool {
+        self.catch_up
+            .wait(timeout, |targets| {
+                let inner = self.read();
+                targets.iter().any(|(node, revision)| {
+                    inner.nodes.get(node).is_some_and(|s| {
+                        !s.snapshots
+                            && s.lost_since.is_none()
+                            && (s.incoming.is_some() || s.applied < *revision)
+                    })
+                })
+            })
+            .await
     }
 
     /// Applies a change this dispatcher just made, so that a list on this replica reflects
@@ -401,6 +443,8 @@ impl ReadView {
     pub fn forget(&self, node: &str) {
         let mut inner = self.write();
         inner.drop_node(&self.tx, node);
+        drop(inner);
+        self.catch_up.moved();
     }
 
     /// Drops the entries of nodes whose streams have been lost for longer than `stale_after`.
@@ -805,5 +849,58 @@ mod tests {
         assert!(v.watch(current + 1).is_err(), "a version from elsewhere");
         let (backlog, _) = v.watch(current - 3).unwrap();
         assert_eq!(backlog.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_list_waits_for_the_stream_to_reach_what_a_live_read_saw() {
+        let at = |change, revision| InventoryEvent { change, revision };
+        let short = Duration::from_millis(20);
+        let v = Arc::new(ReadView::new());
+        v.stream_started("n1");
+        v.apply("n1", at(InventoryChange::Added(rec("a", "ns/a")), 4));
+        v.apply("n1", at(InventoryChange::Synced, 4));
+        assert!(v.caught_up(short).await, "nothing seen yet");
+
+        // A get saw the sandbox paused at revision 5; its event is still on the wire.
+        v.observed("n1", 5);
+        assert!(!v.caught_up(short).await, "the view is at 4");
+        let paused = SandboxRecord {
+            phase: Phase::Paused,
+            ..rec("a", "ns/a")
+        };
+        let delivery = {
+            let v = v.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                v.apply("n1", at(InventoryChange::Modified(paused), 5));
+            })
+        };
+        assert!(v.caught_up(Duration::from_secs(10)).await);
+        assert_eq!(v.find_id("a").map(|r| r.phase), Some(Phase::Paused));
+        delivery.await.expect("delivered");
+
+        // A RESET holds the view until SYNCED, even past the revision seen.
+        v.observed("n1", 6);
+        v.apply("n1", at(InventoryChange::Reset, 6));
+        v.apply("n1", at(InventoryChange::Added(rec("a", "ns/a")), 6));
+        assert!(!v.caught_up(short).await, "resyncing");
+        v.apply("n1", at(InventoryChange::Synced, 6));
+        assert!(v.caught_up(short).await);
+
+        // A stream that is down is not waited for, nor is a restarted node's old revision.
+        v.observed("n1", 9);
+        v.stream_lost("n1");
+        assert!(v.caught_up(short).await, "lost streams are not waited for");
+        v.stream_started("n1");
+        v.apply("n1", at(InventoryChange::Synced, 1));
+        assert!(
+            v.caught_up(short).await,
+            "the restarted node's snapshot is newer"
+        );
+
+        // Snapshot-fed nodes (cluster mode) are not waited for either.
+        v.replace("n2", vec![rec("b", "ns/b")], Utc::now());
+        v.observed("n2", 100);
+        assert!(v.caught_up(short).await);
     }
 }

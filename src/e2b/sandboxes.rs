@@ -336,7 +336,7 @@ pub async fn list_v2(
         .filter(|t| !t.is_empty())
         .map(Cursor::decode)
         .transpose()?;
-    let (all, _) = e2b.dispatcher.view().by_start();
+    let (all, _) = e2b.dispatcher.settled_view().await.by_start();
     let scope = tenant.scope();
     let keep =
         |e: &Entry| scope.is_none_or(|ns| e.record.namespace() == ns) && filter.keeps(&e.record);
@@ -355,7 +355,7 @@ pub async fn list_v1(
 ) -> ApiResult<HttpResponse> {
     let mut filter = sandbox_filter(&q)?;
     filter.states = Some(vec![Phase::Running]);
-    let (all, _) = e2b.dispatcher.view().by_start();
+    let (all, _) = e2b.dispatcher.settled_view().await.by_start();
     let scope = tenant.scope();
     let newest_first = all
         .iter()

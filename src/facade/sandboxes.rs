@@ -225,7 +225,7 @@ impl Facade {
                 revision: self.dispatcher.view().revision(),
             });
         }
-        let view = self.dispatcher.view();
+        let view = self.dispatcher.settled_view().await;
         if namespace.is_none() && labels.is_empty() && fields.is_empty() {
             let (entries, revision) = view.all_entries();
             return Ok(ListSnapshot { entries, revision });

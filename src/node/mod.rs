@@ -610,11 +610,13 @@ impl<R: Runtime> Node<R> {
         }
     }
 
-    pub fn get(&self, id: &str) -> Result<SandboxRecord> {
+    /// A claimed sandbox and the inventory revision it is current as of (read under one
+    /// lock, so every change the record shows was emitted at or before that revision).
+    pub fn get(&self, id: &str) -> Result<(SandboxRecord, u64)> {
         let st = self.state();
         st.claims
             .get(id)
-            .map(|c| c.record.clone())
+            .map(|c| (c.record.clone(), st.revision))
             .ok_or_else(|| self.not_found(&st, id))
     }
 

@@ -168,7 +168,7 @@ impl<R: Runtime> Node<R> {
     }
 
     pub(super) fn record_of(&self, id: &str) -> Result<SandboxRecord> {
-        self.get(id)
+        self.get(id).map(|(r, _)| r)
     }
 
     /// Destroys a claimed sandbox: its processes and its state directory.

@@ -104,8 +104,11 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
     }
 
     async fn get(&self, req: Request<proto::SandboxRef>) -> Reply<proto::Sandbox> {
-        let record = self.node.get(&req.into_inner().id)?;
-        Ok(Response::new((&record).into()))
+        let (record, revision) = self.node.get(&req.into_inner().id)?;
+        Ok(Response::new(proto::Sandbox {
+            inventory_revision: revision,
+            ..(&record).into()
+        }))
     }
 
     async fn list(&self, req: Request<proto::ListRequest>) -> Reply<proto::ListReply> {

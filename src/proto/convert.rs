@@ -161,6 +161,7 @@ impl From<&model::SandboxRecord> for super::Sandbox {
             paused_at_ms: r.paused.map(|p| to_ms(p.at)).unwrap_or(0),
             retain_until_ms: r.paused.map(|p| to_ms(p.until)).unwrap_or(0),
             network: Some((&r.network).into()),
+            inventory_revision: 0,
         }
     }
 }
