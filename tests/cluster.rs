@@ -261,30 +261,61 @@ async fn listed_ids(gw: &Gateway) -> Vec<String> {
         .collect()
 }
 
+/// A node with one warm `base/egress` sandbox that publishes its NodeInventory every
+/// `interval` seconds.
+fn publishing_node(
+    kubeconfig: &std::path::Path,
+    tmp: &std::path::Path,
+    token: &std::path::Path,
+    name: &str,
+    interval: &str,
+) -> NodeProc {
+    let kubeconfig = kubeconfig.display().to_string();
+    NodeProc::start(
+        name,
+        &tmp.join(name),
+        token,
+        "127.0.0.1:0",
+        &[
+            "--pool",
+            "base/egress=1",
+            "--pool",
+            "base=0",
+            "--publish-inventory",
+            "--publish-interval-seconds",
+            interval,
+            "--kubeconfig",
+            &kubeconfig,
+        ],
+    )
+}
+
+/// A gateway in cluster mode that finds its nodes from their published objects.
+fn discovering_gateway(
+    kubeconfig: &std::path::Path,
+    tmp: &std::path::Path,
+    token: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> Gateway {
+    let kubeconfig = kubeconfig.display().to_string();
+    let token = token.display().to_string();
+    let mut flags = vec![
+        "--discover-nodes",
+        "--kubeconfig",
+        &kubeconfig,
+        "--node-token-file",
+        &token,
+    ];
+    flags.extend_from_slice(extra);
+    Gateway::start_named(tmp, name, &flags)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nodes_publish_inventory_and_gateways_discover_them() {
     let (tmp, token) = workspace();
     let cluster = fake_kube::start(tmp.path());
-    let kubeconfig = cluster.node_kubeconfig.display().to_string();
-    let gateway_kubeconfig = cluster.gateway_kubeconfig.display().to_string();
-    let publish = [
-        "--pool",
-        "base/egress=1",
-        "--pool",
-        "base=0",
-        "--publish-inventory",
-        "--publish-interval-seconds",
-        "1",
-        "--kubeconfig",
-        &kubeconfig,
-    ];
-    let mut n1 = NodeProc::start(
-        "n1",
-        &tmp.path().join("n1"),
-        &token,
-        "127.0.0.1:0",
-        &publish,
-    );
+    let mut n1 = publishing_node(&cluster.node_kubeconfig, tmp.path(), &token, "n1", "1");
 
     // The node's apply: its object, as server-side apply with its own field manager.
     until("n1's first publish", Duration::from_secs(10), async || {
@@ -321,31 +352,18 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
     );
 
     // A gateway in cluster mode with no --node: it finds n1 from the list, n2 from the watch.
-    let token_arg = token.display().to_string();
-    let gw = Gateway::start_named(
+    let gw = discovering_gateway(
+        &cluster.gateway_kubeconfig,
         tmp.path(),
+        &token,
         "gw",
-        &[
-            "--discover-nodes",
-            "--kubeconfig",
-            &gateway_kubeconfig,
-            "--inventory-stale-seconds",
-            "3",
-            "--node-token-file",
-            &token_arg,
-        ],
+        &["--inventory-stale-seconds", "3"],
     );
     until("n1 discovered", Duration::from_secs(10), async || {
         gw.metric("sandbox_gateway_nodes_up").await == 1
     })
     .await;
-    let mut n2 = NodeProc::start(
-        "n2",
-        &tmp.path().join("n2"),
-        &token,
-        "127.0.0.1:0",
-        &publish,
-    );
+    let mut n2 = publishing_node(&cluster.node_kubeconfig, tmp.path(), &token, "n2", "1");
     until(
         "n2 discovered through the watch",
         Duration::from_secs(10),
@@ -491,6 +509,50 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
     assert_no_leaks(tmp.path(), &[n1.sandboxes_dir(), n2.sandboxes_dir()]).await;
 }
 
+/// A sandbox that ends without this gateway's doing (here another client releases it on its
+/// node) stays in the published inventory until the node publishes again; once a get on this
+/// gateway has heard from the node that it is gone, its lists stop showing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_get_that_finds_a_sandbox_gone_drops_it_from_lists() {
+    let (tmp, token) = workspace();
+    let cluster = fake_kube::start(tmp.path());
+    // Far longer than the test: what the node publishes does not change while it runs.
+    let mut n1 = publishing_node(&cluster.node_kubeconfig, tmp.path(), &token, "n1", "600");
+    let mut gw = discovering_gateway(&cluster.gateway_kubeconfig, tmp.path(), &token, "gw", &[]);
+    until("n1 discovered", Duration::from_secs(10), async || {
+        gw.metric("sandbox_gateway_nodes_up").await == 1
+    })
+    .await;
+    let kept = id_of(&gw.create(KEY_A, json!({"templateID": "base"})).await);
+    let ended = id_of(&gw.create(KEY_A, json!({"templateID": "base"})).await);
+    let listed = listed_ids(&gw).await;
+    assert!(
+        listed.contains(&kept) && listed.contains(&ended),
+        "{listed:?}"
+    );
+
+    let direct = dispatcher(TOKEN, &[&n1]);
+    direct
+        .wait_for_nodes(1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    direct.release(None, &ended).await.unwrap();
+    // The inventory still says otherwise: the gateway's list is as it was.
+    assert!(listed_ids(&gw).await.contains(&ended));
+
+    let r = gw.get(KEY_A, &ended).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{:?}", r.body);
+    let listed = listed_ids(&gw).await;
+    assert!(!listed.contains(&ended), "{listed:?}");
+    assert!(listed.contains(&kept), "{listed:?}");
+    assert_eq!(gw.kill(KEY_A, &kept).await, StatusCode::NO_CONTENT);
+    gw.proc.terminate();
+    direct.shutdown().await;
+    n1.proc.terminate();
+    cluster.handle.stop(true).await;
+    assert_no_leaks(tmp.path(), &[n1.sandboxes_dir()]).await;
+}
+
 // ----- kube-apiserver unavailable (the reliability issue's fault matrix) -----
 
 /// The e2b create the outage test makes: a lifetime well past the test's.
@@ -582,44 +644,27 @@ async fn apiserver_unavailable_for_a_minute() {
     const STALE_SECONDS: &str = "20";
     let (tmp, token) = workspace();
     let mut cluster = fake_kube::start(tmp.path());
-    let kubeconfig = cluster.node_kubeconfig.display().to_string();
-    let gateway_kubeconfig = cluster.gateway_kubeconfig.display().to_string();
-    let publish = [
-        "--pool",
-        "base/egress=1",
-        "--pool",
-        "base=0",
-        "--publish-inventory",
-        "--publish-interval-seconds",
-        "1",
-        "--kubeconfig",
-        &kubeconfig,
-    ];
-    let node = |name: &str| {
-        NodeProc::start(
-            name,
-            &tmp.path().join(name),
-            &token,
-            "127.0.0.1:0",
-            &publish,
-        )
-    };
+    let node_kubeconfig = cluster.node_kubeconfig.clone();
+    let node = |name: &str| publishing_node(&node_kubeconfig, tmp.path(), &token, name, "1");
     let mut nodes = vec![node("n1"), node("n2")];
-    let token_arg = token.display().to_string();
     // A staleness bound well below the outage: without the fix both gateways would drop
     // every node 20 s in.
-    let gw_flags = [
-        "--discover-nodes",
-        "--kubeconfig",
-        &gateway_kubeconfig,
-        "--inventory-stale-seconds",
-        STALE_SECONDS,
-        "--node-token-file",
-        &token_arg,
-    ];
+    let gw_flags = ["--inventory-stale-seconds", STALE_SECONDS];
     let mut gws = [
-        Gateway::start_named(tmp.path(), "gw1", &gw_flags),
-        Gateway::start_named(tmp.path(), "gw2", &gw_flags),
+        discovering_gateway(
+            &cluster.gateway_kubeconfig,
+            tmp.path(),
+            &token,
+            "gw1",
+            &gw_flags,
+        ),
+        discovering_gateway(
+            &cluster.gateway_kubeconfig,
+            tmp.path(),
+            &token,
+            "gw2",
+            &gw_flags,
+        ),
     ];
     let known = async |gw: &Gateway| gw.metric("sandbox_gateway_nodes_known").await;
     let up = async |gw: &Gateway| gw.metric("sandbox_gateway_nodes_up").await;

@@ -3,7 +3,9 @@
 //! one instance.
 
 mod catch_up;
+mod checkpoints;
 pub mod client;
+mod fleet;
 pub mod forms;
 mod metadata;
 pub mod owner_index;
@@ -20,14 +22,14 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use client::{Effect, NodeConn};
+use client::Effect;
 use owner_index::OwnerIndex;
 use read_view::{LocalChange, ReadView};
 use registry::{NodeHandle, Registry};
 
 use crate::model::{
-    self, CheckpointFilter, CheckpointRecord, Error, ErrorKind, InventoryEvent, NodeInfo, PoolKey,
-    Result, SandboxRecord, SandboxStats, ids,
+    self, CheckpointRecord, Error, ErrorKind, NodeInfo, PoolKey, Result, SandboxRecord,
+    SandboxStats, ids,
 };
 use crate::proto;
 
@@ -196,99 +198,6 @@ impl Dispatcher {
         &self.inner.owners
     }
 
-    /// Adds a node by address and starts following its change stream.
-    pub fn add_node(&self, address: &str) -> Result<()> {
-        self.add_node_fed(address, ViewFeed::Stream)
-    }
-
-    /// Adds a node by address (nothing happens for a known one); `feed` says where its
-    /// sandboxes in the read view come from.
-    pub fn add_node_fed(&self, address: &str, feed: ViewFeed) -> Result<()> {
-        // Discovery re-adds every node on each publish: skip building a connection for it.
-        if self
-            .inner
-            .registry
-            .all()
-            .iter()
-            .any(|h| h.address() == address)
-        {
-            return Ok(());
-        }
-        let conn = NodeConn::new(address, &self.inner.token)?;
-        let (handle, added) = self.inner.registry.add(conn);
-        if added {
-            self.inner.tasks.spawn(self.clone().monitor(handle, feed));
-        }
-        Ok(())
-    }
-
-    /// Drops a node at once: it takes no more claims and its sandboxes leave the read view.
-    /// (Verbs on them still ask it, and answer Unavailable while it is unreachable.)
-    pub fn drop_node(&self, address: &str, name: &str) {
-        if let Some(h) = self.inner.registry.remove(address) {
-            h.mark_down();
-            if let Some(n) = h.name().filter(|n| n != name) {
-                self.inner.view.forget(&n);
-            }
-        }
-        self.inner.view.forget(name);
-    }
-
-    /// Forgets a node (its sandboxes leave the view once it is stale).
-    pub fn remove_node(&self, address: &str) {
-        if let Some(h) = self.inner.registry.remove(address) {
-            h.mark_down();
-            if let Some(name) = h.name() {
-                self.inner.view.stream_lost(&name);
-            }
-        }
-    }
-
-    /// Waits until `count` nodes have answered.
-    pub async fn wait_for_nodes(&self, count: usize, timeout: Duration) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let up = self.inner.registry.up().len();
-            if up >= count {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Error::unavailable(format!(
-                    "{up} of {count} nodes answered within {timeout:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    pub fn nodes(&self) -> Vec<NodeSummary> {
-        self.inner
-            .registry
-            .all()
-            .iter()
-            .map(|h| NodeSummary {
-                address: h.address().to_string(),
-                up: h.is_up(),
-                info: h.info(),
-            })
-            .collect()
-    }
-
-    /// Warm pools across the fleet: pool key → (warm, target), summed over nodes that answer.
-    pub fn pools(&self) -> BTreeMap<PoolKey, (u32, u32)> {
-        let mut out: BTreeMap<PoolKey, (u32, u32)> = BTreeMap::new();
-        for h in self.inner.registry.up() {
-            if let Some(info) = h.info() {
-                for p in info.pools {
-                    let e = out.entry(p.key).or_default();
-                    e.0 += p.warm;
-                    e.1 += p.target;
-                }
-            }
-        }
-        out
-    }
-
     /// Unpinned listing from the read view (eventually consistent).
     pub fn list(&self, namespace: Option<&str>) -> (Vec<Arc<SandboxRecord>>, u64) {
         self.inner.view.list(|r| in_scope(r, namespace))
@@ -321,100 +230,6 @@ impl Dispatcher {
             .iter()
             .filter_map(|h| h.lease_max_seconds())
             .min()
-    }
-
-    // ----- following nodes -----
-
-    async fn monitor(self, h: Arc<NodeHandle>, feed: ViewFeed) {
-        let mut following = false;
-        loop {
-            if !self.is_registered(&h) {
-                return;
-            }
-            match h
-                .conn()
-                .info(self.inner.cfg.lookup_timeout.max(Duration::from_secs(1)))
-                .await
-            {
-                Ok(info) => {
-                    let name = info.name.clone();
-                    if !h.is_up() {
-                        tracing::info!(node = %name, address = h.address(), "node is up");
-                    }
-                    h.set_info(info);
-                    self.inner.registry.named(&h, &name);
-                    if !following && feed == ViewFeed::Stream {
-                        following = true;
-                        self.inner.tasks.spawn(self.clone().follow(h.clone(), name));
-                    }
-                }
-                Err(e) => {
-                    if h.is_up() || h.down_since().is_none() {
-                        tracing::warn!(node = %h.label(), error = %e, "node is not answering");
-                    }
-                    h.mark_down();
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.inner.cfg.info_interval) => {}
-                _ = self.inner.shutdown.cancelled() => return,
-            }
-        }
-    }
-
-    fn is_registered(&self, h: &Arc<NodeHandle>) -> bool {
-        self.inner.registry.all().iter().any(|x| Arc::ptr_eq(x, h))
-    }
-
-    /// Follows a node's inventory stream into the read view, reconnecting as needed.
-    async fn follow(self, h: Arc<NodeHandle>, name: String) {
-        let view = &self.inner.view;
-        loop {
-            if !self.is_registered(&h) {
-                return;
-            }
-            let mut client = h.conn().client();
-            let opened = tokio::select! {
-                r = client.watch_inventory(proto::WatchInventoryRequest {}) => r,
-                _ = self.inner.shutdown.cancelled() => return,
-            };
-            if let Ok(reply) = opened {
-                view.stream_started(&name);
-                let mut stream = reply.into_inner();
-                loop {
-                    let msg = tokio::select! {
-                        m = stream.message() => m,
-                        _ = self.inner.shutdown.cancelled() => return,
-                    };
-                    match msg {
-                        Ok(Some(ev)) => match InventoryEvent::try_from(ev) {
-                            Ok(ev) => view.apply(&name, ev),
-                            Err(e) => {
-                                tracing::warn!(node = %name, error = %e, "bad inventory event")
-                            }
-                        },
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-            }
-            view.stream_lost(&name);
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-                _ = self.inner.shutdown.cancelled() => return,
-            }
-        }
-    }
-
-    async fn sweep_loop(self) {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = self.inner.shutdown.cancelled() => return,
-            }
-            for node in self.inner.view.sweep(self.inner.cfg.stale_after) {
-                tracing::warn!(%node, "node is stale; its sandboxes left the read view");
-            }
-        }
     }
 
     // ----- claims -----
@@ -533,47 +348,6 @@ impl Dispatcher {
         }
     }
 
-    /// Starts a fresh sandbox from a checkpoint on the node that holds it. `name_prefix`
-    /// scopes the checkpoint to a tenant (its name must start with it).
-    pub async fn claim_from_checkpoint(
-        &self,
-        checkpoint_id: &str,
-        name_prefix: &str,
-        req: ClaimRequest,
-    ) -> Result<Claimed> {
-        model::sandbox::validate_claim_ref(&req.claim_ref())?;
-        let (node, _) = self.locate_checkpoint(checkpoint_id, name_prefix).await?;
-        let mut c = node.conn().client();
-        let reply = node
-            .conn()
-            .call(
-                "claim from checkpoint",
-                Effect::Write,
-                self.inner.cfg.capture_timeout,
-                c.claim_checkpoint(proto::ClaimCheckpointRequest {
-                    checkpoint_id: checkpoint_id.to_string(),
-                    ttl_seconds: req.ttl_seconds,
-                    claim_ref: req.claim_ref(),
-                    metadata: req.metadata.into_iter().collect(),
-                    env_vars: req.env_vars.into_iter().collect(),
-                    no_redirect: true,
-                    on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
-                    auto_resume: req.lifecycle.auto_resume,
-                    network: Some((&req.network).into()),
-                }),
-            )
-            .await?;
-        let record: SandboxRecord = reply
-            .sandbox
-            .ok_or_else(|| Error::internal("node answered a claim without a sandbox"))?
-            .into();
-        self.claimed_on(&node, &record, false);
-        Ok(Claimed {
-            record,
-            warm: false,
-        })
-    }
-
     // ----- resolution -----
 
     async fn get_on(
@@ -626,6 +400,7 @@ impl Dispatcher {
                 }
                 Err(e) if e.kind == ErrorKind::NotFound => {
                     self.inner.owners.forget_id(&id);
+                    self.gone_from(&node, &id);
                     Err(e)
                 }
                 Err(e) => Err(e.context(format!("sandbox {id:?} is on node {}", node.label()))),
@@ -664,6 +439,16 @@ impl Dispatcher {
             )));
         }
         Err(gone.unwrap_or_else(|| not_found(&id)))
+    }
+
+    /// The node that held sandbox `id` says it has it no more (its lease ran out, or another
+    /// replica or client released it): a list on this replica stops showing it now, instead
+    /// of when the node's stream, or its next published inventory, says so.
+    fn gone_from(&self, node: &Arc<NodeHandle>, id: &str) {
+        let Some(name) = node.name() else { return };
+        if self.inner.view.find_id(id).is_some_and(|r| r.node == name) {
+            self.local(&name, LocalChange::Released { id: id.to_string() });
+        }
     }
 
     pub async fn get(&self, namespace: Option<&str>, id: &str) -> Result<SandboxRecord> {
@@ -874,37 +659,6 @@ impl Dispatcher {
         Ok(children)
     }
 
-    /// `memory`: the checkpoint must hold the sandbox's memory (refused where it cannot).
-    pub async fn create_checkpoint(
-        &self,
-        namespace: Option<&str>,
-        id: &str,
-        name: &str,
-        memory: bool,
-    ) -> Result<CheckpointRecord> {
-        if !name.is_empty() {
-            model::validate_checkpoint_name(name)?;
-        }
-        let (node, record) = self.locate(namespace, id).await?;
-        let mut c = node.conn().client();
-        let ck: CheckpointRecord = node
-            .conn()
-            .call(
-                "checkpoint",
-                Effect::Write,
-                self.inner.cfg.capture_timeout,
-                c.create_checkpoint(proto::CreateCheckpointRequest {
-                    id: record.id,
-                    name: name.to_string(),
-                    memory,
-                }),
-            )
-            .await?
-            .into();
-        self.inner.owners.remember_checkpoint(&ck.id, &node);
-        Ok(ck)
-    }
-
     pub async fn stats(&self, namespace: Option<&str>, id: &str) -> Result<SandboxStats> {
         let (node, record) = self.locate(namespace, id).await?;
         let mut c = node.conn().client();
@@ -938,115 +692,5 @@ impl Dispatcher {
             )
             .await?;
         Ok(reply.entries.into_iter().map(Into::into).collect())
-    }
-
-    // ----- checkpoints across the fleet -----
-
-    async fn checkpoints_on(
-        &self,
-        node: &Arc<NodeHandle>,
-        filter: &CheckpointFilter,
-    ) -> Result<Vec<CheckpointRecord>> {
-        let mut c = node.conn().client();
-        let reply = node
-            .conn()
-            .call(
-                "list checkpoints",
-                Effect::Read,
-                self.inner.cfg.call_timeout,
-                c.list_checkpoints(proto::ListCheckpointsRequest {
-                    name_prefix: filter.name_prefix.clone(),
-                    sandbox_id: filter.sandbox_id.clone(),
-                    id: filter.id.clone(),
-                }),
-            )
-            .await?;
-        Ok(reply.checkpoints.into_iter().map(Into::into).collect())
-    }
-
-    /// Checkpoints on every node that answers, newest first.
-    pub async fn list_checkpoints(&self, filter: &CheckpointFilter) -> CheckpointListing {
-        let nodes = self.inner.registry.all();
-        let mut asks = futures::stream::iter(nodes.into_iter().map(|node| async move {
-            let r = self.checkpoints_on(&node, filter).await;
-            (node, r)
-        }))
-        .buffer_unordered(self.inner.cfg.fanout_concurrency.max(1));
-        let mut listing = CheckpointListing::default();
-        while let Some((node, r)) = asks.next().await {
-            match r {
-                Ok(cks) => {
-                    for ck in &cks {
-                        self.inner.owners.remember_checkpoint(&ck.id, &node);
-                    }
-                    listing.checkpoints.extend(cks);
-                }
-                Err(_) => listing.unreachable.push(node.label()),
-            }
-        }
-        listing.checkpoints.sort_by(|a, b| {
-            b.created_at
-                .cmp(&a.created_at)
-                .then_with(|| b.id.cmp(&a.id))
-        });
-        listing
-    }
-
-    /// The node holding checkpoint `id`, if its name starts with `name_prefix`.
-    async fn locate_checkpoint(
-        &self,
-        id: &str,
-        name_prefix: &str,
-    ) -> Result<(Arc<NodeHandle>, CheckpointRecord)> {
-        let missing = || Error::not_found(format!("checkpoint {id:?} not found"));
-        if !ids::is_checkpoint_id(id) {
-            return Err(missing());
-        }
-        let filter = CheckpointFilter {
-            name_prefix: name_prefix.to_string(),
-            id: id.to_string(),
-            ..Default::default()
-        };
-        if let Some(node) = self.inner.owners.node_of_checkpoint(id) {
-            match self.checkpoints_on(&node, &filter).await {
-                Ok(mut cks) if !cks.is_empty() => return Ok((node, cks.remove(0))),
-                Ok(_) => self.inner.owners.forget_checkpoint(id),
-                Err(e) => {
-                    return Err(e.context(format!("checkpoint {id:?} is on node {}", node.label())));
-                }
-            }
-        }
-        let listing = self.list_checkpoints(&filter).await;
-        match listing.checkpoints.into_iter().next() {
-            Some(ck) => {
-                let node = self
-                    .inner
-                    .owners
-                    .node_of_checkpoint(id)
-                    .ok_or_else(|| Error::internal("checkpoint owner was not recorded"))?;
-                Ok((node, ck))
-            }
-            None if !listing.unreachable.is_empty() => Err(Error::unavailable(format!(
-                "checkpoint {id:?} was not found on the nodes that answered; {} did not answer",
-                listing.unreachable.join(", ")
-            ))),
-            None => Err(missing()),
-        }
-    }
-
-    /// Deletes a checkpoint (scoped by name prefix like `claim_from_checkpoint`).
-    pub async fn delete_checkpoint(&self, id: &str, name_prefix: &str) -> Result<()> {
-        let (node, ck) = self.locate_checkpoint(id, name_prefix).await?;
-        let mut c = node.conn().client();
-        node.conn()
-            .call(
-                "delete checkpoint",
-                Effect::Write,
-                self.inner.cfg.call_timeout,
-                c.delete_checkpoint(proto::CheckpointRef { id: ck.id }),
-            )
-            .await?;
-        self.inner.owners.forget_checkpoint(id);
-        Ok(())
     }
 }
