@@ -19,10 +19,13 @@ pub struct Fleet {
     pub http: reqwest::Client,
     /// Trusts the gateways' Kubernetes listeners (each has its own CA).
     pub https: Vec<reqwest::Client>,
+    /// What the second replica was started with beyond the first's (`--replica-1-arg`), so
+    /// that one run compares a setting side by side.
+    pub replica_1_args: Vec<String>,
 }
 
 impl Fleet {
-    pub async fn start() -> Res<Fleet> {
+    pub async fn start(replica_1_args: Vec<String>) -> Res<Fleet> {
         let token = ids::random_hex(16);
         let nodes: Vec<Daemon> = (0..NODES)
             .map(|i| {
@@ -37,7 +40,7 @@ impl Fleet {
             })
             .collect::<Res<_>>()?;
         let gateways = (0..GATEWAYS)
-            .map(|_| Self::gateway(&nodes))
+            .map(|i| Self::gateway(&nodes, if i == 1 { &replica_1_args } else { &[] }))
             .collect::<Res<Vec<_>>>()?;
         let mut https = Vec::new();
         for g in &gateways {
@@ -53,13 +56,14 @@ impl Fleet {
             gateways,
             http: reqwest::Client::new(),
             https,
+            replica_1_args,
         };
         fleet.settle(Duration::from_secs(60)).await?;
         Ok(fleet)
     }
 
-    /// A gateway replica in front of every node.
-    pub fn gateway(nodes: &[Daemon]) -> Res<Daemon> {
+    /// A gateway replica in front of every node, with `more` arguments.
+    pub fn gateway(nodes: &[Daemon], more: &[String]) -> Res<Daemon> {
         let token_file = nodes[0].dir.path().join("token");
         // Replicas share the secret that signs envd tokens, as a deployment's do.
         let secret = nodes[0].dir.path().join("envd-secret");
@@ -76,6 +80,7 @@ impl Fleet {
             extra.push("--node".into());
             extra.push(d.address.clone());
         }
+        extra.extend_from_slice(more);
         Daemon::gateway_with(&[], &extra)
     }
 
@@ -177,7 +182,13 @@ impl Fleet {
     pub fn processes(&self) -> Vec<(String, i32)> {
         let mut out = Vec::new();
         for (i, g) in self.gateways.iter().enumerate() {
-            out.push((format!("gateway {i}"), g.pid()));
+            let label = match i {
+                1 if !self.replica_1_args.is_empty() => {
+                    format!("gateway {i} (`{}`)", self.replica_1_args.join(" "))
+                }
+                _ => format!("gateway {i}"),
+            };
+            out.push((label, g.pid()));
         }
         for (i, n) in self.nodes.iter().enumerate() {
             out.push((format!("node {i}"), n.pid()));

@@ -5,7 +5,9 @@
 //! `tests/reliability.sh soak`, which builds the release binaries, runs
 //! `target/release/examples/soak --cycles 10000 --concurrency 32` and splices the section it
 //! prints into the file only if the run passed. `--out FILE` writes the section into FILE
-//! itself, also when the run failed.
+//! itself, also when the run failed. `--replica-1-arg ARG` (repeatable) starts the second
+//! gateway replica with ARG as well, so that one run measures a setting against the default
+//! side by side (e.g. `--replica-1-arg --stalled-client-seconds=0`).
 //!
 //! `tests/soak.rs` runs a short variant (a few hundred cycles, then the whole fault matrix) in CI.
 
@@ -168,6 +170,7 @@ fn main() -> Res<()> {
     let mut concurrency = 32usize;
     let mut out: Option<PathBuf> = None;
     let mut with_faults = true;
+    let mut replica_1_args = Vec::new();
     let mut command = vec!["cargo run --release --example soak --".to_string()];
     command.extend(std::env::args().skip(1));
     let mut args = std::env::args().skip(1);
@@ -181,6 +184,9 @@ fn main() -> Res<()> {
             "--cycles" => cycles = number("--cycles")?,
             "--concurrency" => concurrency = number("--concurrency")?.max(1),
             "--no-faults" => with_faults = false,
+            "--replica-1-arg" => {
+                replica_1_args.push(args.next().ok_or("--replica-1-arg needs a value")?)
+            }
             "--out" => out = Some(PathBuf::from(args.next().ok_or("--out needs a file")?)),
             other => return Err(format!("unknown argument {other:?}").into()),
         }
@@ -189,7 +195,7 @@ fn main() -> Res<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let fleet = Arc::new(fleet::Fleet::start().await?);
+        let fleet = Arc::new(fleet::Fleet::start(replica_1_args).await?);
         eprintln!("churn: {cycles} cycles at concurrency {concurrency}");
         let run = churn::churn(fleet.clone(), cycles, concurrency).await?;
         let mut fleet = Arc::try_unwrap(fleet).map_err(|_| "the fleet is still shared")?;
