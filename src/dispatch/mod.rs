@@ -3,11 +3,11 @@
 //! one instance.
 
 mod catch_up;
+mod changes;
 mod checkpoints;
 pub mod client;
 mod fleet;
 pub mod forms;
-mod metadata;
 pub mod owner_index;
 pub mod read_view;
 pub mod registry;
@@ -596,35 +596,6 @@ impl Dispatcher {
         };
         self.local(&record.node, change);
         Ok((deadline, reply.changed))
-    }
-
-    /// Pauses (`pause = true`) or resumes; answers the record and whether the state changed.
-    pub async fn set_paused(
-        &self,
-        namespace: Option<&str>,
-        id: &str,
-        pause: bool,
-    ) -> Result<(SandboxRecord, bool)> {
-        let (node, record) = self.locate(namespace, id).await?;
-        let mut c = node.conn().client();
-        let r = proto::SandboxRef { id: record.id };
-        // Pause and resume write or read a sandbox's memory on runtimes that capture it.
-        let t = self.inner.cfg.capture_timeout;
-        let reply = if pause {
-            node.conn()
-                .call("pause", Effect::Write, t, c.pause(r))
-                .await?
-        } else {
-            node.conn()
-                .call("resume", Effect::Write, t, c.resume(r))
-                .await?
-        };
-        let record: SandboxRecord = reply
-            .sandbox
-            .ok_or_else(|| Error::internal("node answered without the sandbox"))?
-            .into();
-        self.local(&record.node, LocalChange::Upsert(Box::new(record.clone())));
-        Ok((record, reply.changed))
     }
 
     /// Forks `count` children on the source's node, named `<namespace>/<child id>` in the

@@ -1,0 +1,119 @@
+//! Changing a sandbox's metadata (the Kubernetes facade's labels, annotations and submitted
+//! spec live there), its network policy, its on-timeout action or whether it is paused, on its
+//! owning node, reflected in this gateway's read view at once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tonic::{Response, Status};
+
+use super::Dispatcher;
+use super::client::{Client, Effect};
+use super::read_view::LocalChange;
+use crate::model::network::NetworkPolicy;
+use crate::model::{Error, OnTimeout, Result, SandboxRecord};
+use crate::proto;
+
+impl Dispatcher {
+    /// Sets `set` and removes `remove` on the sandbox's metadata (outside `namespace`: not
+    /// found). Answers the record (without its token) and whether anything changed.
+    pub async fn update_metadata(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+    ) -> Result<(SandboxRecord, bool)> {
+        let t = self.inner.cfg.call_timeout;
+        self.change(namespace, id, "update metadata", t, async |c, id| {
+            let set = set.into_iter().collect();
+            c.update_metadata(proto::UpdateMetadataRequest { id, set, remove })
+                .await
+        })
+        .await
+    }
+
+    /// Replaces the sandbox's network policy on its node (outside `namespace`: not found).
+    /// Answers the record (without its token) and whether anything changed.
+    pub async fn update_network(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        policy: &NetworkPolicy,
+    ) -> Result<(SandboxRecord, bool)> {
+        let t = self.inner.cfg.call_timeout;
+        self.change(namespace, id, "update network", t, async |c, id| {
+            let network = Some(policy.into());
+            c.update_network(proto::UpdateNetworkRequest { id, network })
+                .await
+        })
+        .await
+    }
+
+    /// Sets what the end of the sandbox's lease does (outside `namespace`: not found).
+    pub async fn set_on_timeout(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        on_timeout: OnTimeout,
+    ) -> Result<(SandboxRecord, bool)> {
+        let t = self.inner.cfg.call_timeout;
+        self.change(namespace, id, "set on-timeout", t, async |c, id| {
+            let on_timeout = on_timeout.as_str().to_string();
+            c.set_on_timeout(proto::SetOnTimeoutRequest { id, on_timeout })
+                .await
+        })
+        .await
+    }
+
+    /// Pauses or resumes the sandbox (outside `namespace`: not found). Answers the record
+    /// (without its token) and whether anything changed.
+    pub async fn set_paused(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        pause: bool,
+    ) -> Result<(SandboxRecord, bool)> {
+        // Pause and resume write or read a sandbox's memory on runtimes that capture it.
+        let t = self.inner.cfg.capture_timeout;
+        let what = if pause { "pause" } else { "resume" };
+        self.change(namespace, id, what, t, async |c, id| {
+            let r = proto::SandboxRef { id };
+            if pause {
+                c.pause(r).await
+            } else {
+                c.resume(r).await
+            }
+        })
+        .await
+    }
+
+    /// Asks the sandbox's owning node for a change (`ask` is given a client and the
+    /// sandbox's id) and reflects the answer in this gateway's read view at once.
+    async fn change(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        what: &str,
+        timeout: Duration,
+        ask: impl AsyncFnOnce(
+            &mut Client,
+            String,
+        ) -> std::result::Result<Response<proto::StateChange>, Status>,
+    ) -> Result<(SandboxRecord, bool)> {
+        let (node, record) = self.locate(namespace, id).await?;
+        let mut c = node.conn().client();
+        let reply = node
+            .conn()
+            .call(what, Effect::Write, timeout, ask(&mut c, record.id))
+            .await?;
+        let record: SandboxRecord = reply
+            .sandbox
+            .ok_or_else(|| Error::internal("node answered without the sandbox"))?
+            .into();
+        // Also when the node changed nothing: the view may not have caught up with a change
+        // made elsewhere (another replica paused it), and the same record is no event.
+        self.local(&record.node, LocalChange::Upsert(Box::new(record.clone())));
+        Ok((record, reply.changed))
+    }
+}
