@@ -227,6 +227,41 @@ async fn images_import_and_templates_build_from_others() {
     let mut node = node;
     node.proc.terminate();
     assert_no_leaks(tmp.path(), &[dir]).await;
+
+    // `--if-missing` (how first starts and the tests make sure of a template) answers a
+    // usable template as it is, and rebuilds one whose files lost their owners, as a copy
+    // with `cp -r` leaves them; before, such a tree was kept and every sandbox on it failed.
+    let build_again = || {
+        template_cli(&[
+            "build",
+            &derived,
+            "--packages",
+            "jq",
+            "--from",
+            "base",
+            "--if-missing",
+        ])
+    };
+    let template_id = || {
+        let meta = std::fs::read(templates_dir().join(&derived).join("template.json")).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&meta).unwrap()["id"].clone()
+    };
+    let first = template_id();
+    let out = build_again();
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+    assert_eq!(template_id(), first);
+    let root = templates_dir().join(&derived).join("rootfs");
+    std::os::unix::fs::lchown(&root, Some(0), Some(0)).unwrap();
+    let out = build_again();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("damaged") && said.contains("rebuilding it now"),
+        "{out:?}"
+    );
+    assert_ne!(template_id(), first);
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&root).unwrap().uid(), DEFAULT_UID_BASE);
+
     for t in [&imported, &derived] {
         std::fs::remove_dir_all(templates_dir().join(t)).unwrap();
     }

@@ -12,6 +12,7 @@ mod shift;
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -64,6 +65,15 @@ pub struct TemplateMeta {
 pub struct Template {
     pub meta: TemplateMeta,
     pub root: PathBuf,
+}
+
+/// What a templates directory holds under a name.
+enum Found {
+    Usable(Template),
+    Missing,
+    /// There, but no sandbox could start on it (its files lost their owners, its rootfs or
+    /// description is gone or unreadable); only a rebuild helps.
+    Damaged(Error),
 }
 
 /// Progress lines for people waiting on a build.
@@ -134,31 +144,62 @@ impl TemplateStore {
     }
 
     pub fn get(&self, name: &str) -> Result<Template> {
+        match self.find(name)? {
+            Found::Usable(t) => Ok(t),
+            Found::Missing => Err(Error::not_found(format!(
+                "template {name:?} is not in {}",
+                self.dir.display()
+            ))),
+            Found::Damaged(e) => Err(e),
+        }
+    }
+
+    /// What the directory holds under `name`. A template prepared for another uid base is
+    /// an error rather than `Damaged`: it is usable by the nodes it was made for, which may
+    /// share this directory, so it is not rebuilt on their behalf.
+    fn find(&self, name: &str) -> Result<Found> {
         validate_template_name(name)?;
         let dir = self.dir.join(name);
         let meta_path = dir.join(META);
         let bytes = match fs::read(&meta_path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::not_found(format!(
-                    "template {name:?} is not in {}",
-                    self.dir.display()
-                )));
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Missing),
             Err(e) => return Err(Error::io(format!("reading {}", meta_path.display()), e)),
         };
-        let meta: TemplateMeta = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::internal(format!("{} is damaged: {e}", meta_path.display())))?;
+        let damaged = |why: String| {
+            Ok(Found::Damaged(Error::internal(format!(
+                "template {name:?} is damaged: {why}; rebuild it (`sandbox-gateway template build {name} --force`)"
+            ))))
+        };
+        let meta: TemplateMeta = match serde_json::from_slice(&bytes) {
+            Ok(m) => m,
+            Err(e) => return damaged(format!("{} does not parse ({e})", meta_path.display())),
+        };
         if meta.uid_base != self.ids.base {
             return Err(Error::invalid(format!(
                 "template {name:?} was prepared for uid base {}, this node uses {}; rebuild it (`sandbox-gateway template build {name} --force`)",
                 meta.uid_base, self.ids.base
             )));
         }
-        Ok(Template {
-            meta,
-            root: dir.join(ROOTFS),
-        })
+        let root = dir.join(ROOTFS);
+        // One stat finds the usual damage: a copy that did not keep owners (`cp -r`, an
+        // archive unpacked as another user) gives every file to whoever copied it, and no
+        // sandbox of this node could then start on the tree.
+        match fs::symlink_metadata(&root) {
+            Ok(m) if m.is_dir() && m.uid() == meta.uid_base => {
+                Ok(Found::Usable(Template { meta, root }))
+            }
+            Ok(m) if m.is_dir() => damaged(format!(
+                "its files belong to uid {}, not to this node's uid base {} (copied without keeping owners? `cp -a` keeps them)",
+                m.uid(),
+                meta.uid_base
+            )),
+            Ok(_) => damaged(format!("{} is not a directory", root.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                damaged(format!("{} is missing", root.display()))
+            }
+            Err(e) => Err(Error::io(format!("reading {}", root.display()), e)),
+        }
     }
 
     /// Every usable template, by name.
@@ -180,7 +221,7 @@ impl TemplateStore {
     /// otherwise composed from the host's `/usr` (and the command that installs mmdebstrap is
     /// printed).
     pub fn ensure_base(&self, progress: Progress<'_>) -> Result<Template> {
-        if let Ok(t) = self.get("base") {
+        if let Found::Usable(t) = self.find("base")? {
             if t.meta.kind == Kind::Host && find_mmdebstrap().is_some() {
                 progress(
                     "template base is composed from this machine's /usr; for the Debian template run `sandbox-gateway template build base --force`",
@@ -189,14 +230,21 @@ impl TemplateStore {
             return Ok(t);
         }
         let _lock = self.lock()?;
-        if let Ok(t) = self.get("base") {
-            return Ok(t); // built by another process while we waited
-        }
+        // Looked at again under the lock: another process may have built it meanwhile.
+        let damaged = match self.find("base")? {
+            Found::Usable(t) => return Ok(t),
+            Found::Missing => false,
+            Found::Damaged(e) => {
+                progress(&format!("{e}: rebuilding it now"));
+                true
+            }
+        };
         self.set_aside_legacy("base")?;
         match find_mmdebstrap() {
             Some(_) => self.build_locked(
                 &BuildSpec {
                     name: "base".into(),
+                    force: damaged,
                     ..Default::default()
                 },
                 progress,
@@ -233,12 +281,19 @@ impl TemplateStore {
     }
 
     fn build_locked(&self, spec: &BuildSpec, progress: Progress<'_>) -> Result<Template> {
-        if spec.if_missing
-            && let Ok(t) = self.get(&spec.name)
-        {
-            return Ok(t);
+        let mut force = spec.force;
+        if spec.if_missing {
+            match self.find(&spec.name)? {
+                Found::Usable(t) => return Ok(t),
+                Found::Missing => {}
+                // "If missing" means "make sure it is usable": a damaged one is replaced.
+                Found::Damaged(e) => {
+                    progress(&format!("{e}: rebuilding it now"));
+                    force = true;
+                }
+            }
         }
-        self.refuse_existing(&spec.name, spec.force)?;
+        self.refuse_existing(&spec.name, force)?;
         match &spec.from {
             None => {
                 let mmdebstrap = find_mmdebstrap().ok_or_else(|| {
@@ -441,5 +496,69 @@ fn new_meta(
         source,
         env: BTreeMap::new(),
         workdir: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quiet(_: &str) {}
+
+    #[test]
+    fn a_template_whose_files_lost_their_owners_is_damaged_not_usable() {
+        if !crate::node::runtime::sys::is_root() {
+            eprintln!("skipped: templates are chowned into the id range, which needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = TemplateStore::new(dir.path(), IdMap::new(400_000).unwrap()).unwrap();
+        store
+            .install(|staging| host::compose(staging, store.ids), &quiet)
+            .unwrap();
+        assert_eq!(store.get("base").unwrap().meta.uid_base, 400_000);
+        assert_eq!(store.list().len(), 1);
+
+        // What `cp -r` run by root does to the tree's top.
+        let root = dir.path().join("base").join(ROOTFS);
+        std::os::unix::fs::lchown(&root, Some(0), Some(0)).unwrap();
+        let e = store.get("base").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Internal);
+        assert!(
+            e.message
+                .contains("belong to uid 0, not to this node's uid base 400000")
+                && e.message.contains("template build base --force"),
+            "{e}"
+        );
+        assert!(matches!(store.find("base").unwrap(), Found::Damaged(_)));
+        assert!(store.list().is_empty(), "a damaged template is not offered");
+
+        // A rootfs that is gone, and a description that does not parse, are damage too.
+        fs::remove_dir_all(&root).unwrap();
+        assert!(matches!(store.find("base").unwrap(), Found::Damaged(_)));
+        fs::write(dir.path().join("base").join(META), "{").unwrap();
+        assert!(matches!(store.find("base").unwrap(), Found::Damaged(_)));
+        assert!(matches!(store.find("other").unwrap(), Found::Missing));
+    }
+
+    #[test]
+    fn a_template_for_another_uid_base_is_refused_not_rebuilt() {
+        if !crate::node::runtime::sys::is_root() {
+            eprintln!("skipped: templates are chowned into the id range, which needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = TemplateStore::new(dir.path(), IdMap::new(400_000).unwrap()).unwrap();
+        theirs
+            .install(|staging| host::compose(staging, theirs.ids), &quiet)
+            .unwrap();
+        let ours = TemplateStore::new(dir.path(), IdMap::new(500_000).unwrap()).unwrap();
+        let e = ours.find("base").err().expect("refused");
+        assert_eq!(e.kind, ErrorKind::Invalid);
+        assert!(e.message.contains("prepared for uid base 400000"), "{e}");
+        // Starting a node with the other base says so instead of replacing their template.
+        let e = ours.ensure_base(&quiet).unwrap_err();
+        assert!(e.message.contains("prepared for uid base 400000"), "{e}");
+        assert!(theirs.get("base").is_ok());
     }
 }
