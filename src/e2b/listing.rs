@@ -12,6 +12,11 @@ use super::error::{ApiError, ApiResult};
 pub const MAX_LIMIT: usize = 100;
 
 /// Go's `url.QueryUnescape`: `%XX` escapes and `+` as space; a malformed escape is an error.
+/// The first value of `name` in a query.
+pub fn query_value<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
 pub fn query_unescape(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

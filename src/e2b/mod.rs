@@ -8,11 +8,13 @@ pub mod idempotency;
 pub mod listed;
 pub mod listing;
 pub mod logs;
+pub mod metrics;
 pub mod network;
 pub mod openapi;
 pub mod proxy;
 mod render;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod templates;
 pub mod tokens;
 pub mod wire;
@@ -68,7 +70,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/sandboxes", web::post().to(s::create_v1))
         .route("/sandboxes", web::get().to(s::list_v1))
         // Before /sandboxes/{id} so that "metrics" is not taken for an id.
-        .route("/sandboxes/metrics", web::get().to(s::metrics_batch))
+        .route("/sandboxes/metrics", web::get().to(metrics::metrics_batch))
         .route("/sandboxes/{id}", web::get().to(s::get))
         .route("/sandboxes/{id}", web::delete().to(s::kill))
         .route("/sandboxes/{id}/timeout", web::post().to(s::set_timeout))
@@ -78,14 +80,20 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/sandboxes/{id}/connect", web::post().to(s::connect_v1))
         .route("/v2/sandboxes/{id}/connect", web::post().to(s::connect_v2))
         .route("/sandboxes/{id}/fork", web::post().to(s::fork))
-        .route("/sandboxes/{id}/snapshots", web::post().to(s::snapshot))
-        .route("/sandboxes/{id}/metrics", web::get().to(s::metrics))
+        .route(
+            "/sandboxes/{id}/snapshots",
+            web::post().to(snapshots::snapshot),
+        )
+        .route("/sandboxes/{id}/metrics", web::get().to(metrics::metrics))
         .route("/sandboxes/{id}/logs", web::get().to(logs::v1))
         .route("/v2/sandboxes/{id}/logs", web::get().to(logs::v2))
-        .route("/snapshots", web::get().to(s::list_snapshots))
+        .route("/snapshots", web::get().to(snapshots::list_snapshots))
         .route("/templates", web::get().to(templates::list))
         .route("/v2/templates", web::get().to(templates::list_v2))
-        .route("/templates/{id}", web::delete().to(s::delete_template))
+        .route(
+            "/templates/{id}",
+            web::delete().to(snapshots::delete_template),
+        )
         // Known to the SDKs, not served here.
         .route("/sandboxes/{id}/network", web::put().to(network::update))
         .route("/v3/templates", web::post().to(s::not_supported))

@@ -7,7 +7,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{logs, network, sandboxes, templates, wire};
+use super::{logs, metrics, network, sandboxes, snapshots, templates, wire};
 
 struct ApiKeyAuth;
 
@@ -152,8 +152,8 @@ impl Modify for Links {
         sandboxes::create_v2, sandboxes::create_v1, sandboxes::list_v2, sandboxes::list_v1,
         sandboxes::get, sandboxes::kill, sandboxes::set_timeout, sandboxes::refresh,
         sandboxes::pause, sandboxes::connect_v2, sandboxes::connect_v1, sandboxes::resume,
-        sandboxes::fork, sandboxes::snapshot, sandboxes::list_snapshots,
-        sandboxes::delete_template, sandboxes::metrics, sandboxes::metrics_batch,
+        sandboxes::fork, snapshots::snapshot, snapshots::list_snapshots,
+        snapshots::delete_template, metrics::metrics, metrics::metrics_batch,
         logs::v1, logs::v2, templates::list, templates::list_v2, network::update,
     ),
     components(schemas(

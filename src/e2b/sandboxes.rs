@@ -1,5 +1,5 @@
-//! Sandbox routes: create, get, list, kill, timeout/refresh, pause, connect/resume, fork,
-//! snapshots and metrics.
+//! Sandbox routes: create, get, list, kill, timeout/refresh, pause, connect/resume and fork
+//! (snapshots and metrics have their own modules).
 
 use std::collections::BTreeMap;
 
@@ -13,12 +13,12 @@ use super::body::{Body, OptionalBody};
 use super::error::{ApiError, ApiResult, ErrorBody};
 use super::idempotency::{self, Begin, Outcome};
 use super::listed;
-use super::listing::{self, Cursor, Order};
+use super::listing::{self, Cursor, query_value};
 use super::render::{self, ok_json};
 use super::{E2b, network, wire};
 use crate::dispatch::ClaimRequest;
 use crate::dispatch::read_view::Entry;
-use crate::model::{self, CheckpointFilter, Phase, PoolKey, ids};
+use crate::model::{self, Phase, PoolKey, ids};
 
 /// Lifetime of a sandbox created without a timeout on each API version.
 pub const DEFAULT_TIMEOUT_V2: i64 = 300;
@@ -252,14 +252,6 @@ pub async fn get(e2b: Data, tenant: Tenant, id: web::Path<String>) -> ApiResult<
 pub async fn kill(e2b: Data, tenant: Tenant, id: web::Path<String>) -> ApiResult<HttpResponse> {
     e2b.dispatcher.release(tenant.scope(), &id).await?;
     Ok(HttpResponse::NoContent().finish())
-}
-
-fn checkpoint_key(c: &model::CheckpointRecord) -> (i64, &str) {
-    (c.created_at.timestamp_millis(), c.id.as_str())
-}
-
-fn query_value<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
 /// Filters of a sandbox listing.
@@ -567,204 +559,6 @@ pub async fn fork(
     Ok(ok_json(StatusCode::CREATED, &results))
 }
 
-#[utoipa::path(post, path = "/sandboxes/{sandboxID}/snapshots", tag = "snapshots",
-    params(("sandboxID" = String, Path)), request_body = wire::SnapshotRequest,
-    responses((status = 201, body = wire::SnapshotInfo), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody),
-        (status = 507, body = ErrorBody, description = "the sandbox's node's data directory is full; nothing was kept")),
-    security(("ApiKeyAuth" = [])))]
-pub async fn snapshot(
-    e2b: Data,
-    tenant: Tenant,
-    id: web::Path<String>,
-    body: OptionalBody<wire::SnapshotRequest>,
-) -> ApiResult<HttpResponse> {
-    let b = body.0;
-    let name = b.name.unwrap_or_default();
-    let stamped = model::stamped_name(&tenant.namespace, &name);
-    if stamped.len() > model::MAX_CHECKPOINT_NAME {
-        let room = model::MAX_CHECKPOINT_NAME.saturating_sub(tenant.namespace.len() + 1);
-        return Err(ApiError::bad_request(format!(
-            "snapshot name {name:?}: at most {room} characters in namespace {:?}",
-            tenant.namespace
-        )));
-    }
-    if !name.is_empty() {
-        model::validate_checkpoint_name(&stamped).map_err(|_| {
-            ApiError::bad_request(format!(
-                "snapshot name {name:?} must contain only letters, digits and . _ : / -"
-            ))
-        })?;
-    }
-    // A snapshot is taken in the tenant's namespace whatever the sandbox's (an admin key may
-    // snapshot any sandbox, and the snapshot is then the admin's).
-    let ck = e2b
-        .dispatcher
-        .create_checkpoint(tenant.scope(), &id, &stamped, b.memory == Some(true))
-        .await?;
-    let prefix = model::stamped_name(&tenant.namespace, "");
-    Ok(ok_json(
-        StatusCode::CREATED,
-        &render::snapshot(&ck, &prefix),
-    ))
-}
-
-#[utoipa::path(get, path = "/snapshots", tag = "snapshots",
-    params(("sandboxID" = Option<String>, Query), ("name" = Option<String>, Query),
-        ("limit" = Option<u32>, Query), ("nextToken" = Option<String>, Query)),
-    responses((status = 200, body = [wire::SnapshotInfo],
-        headers(("X-Next-Token" = String, description = "absent on the last page")))),
-    security(("ApiKeyAuth" = [])))]
-pub async fn list_snapshots(
-    e2b: Data,
-    tenant: Tenant,
-    q: web::Query<Vec<(String, String)>>,
-) -> ApiResult<HttpResponse> {
-    let prefix = model::stamped_name(&tenant.namespace, "");
-    let limit = listing::parse_limit(query_value(&q, "limit"))?;
-    let after = query_value(&q, "nextToken")
-        .filter(|t| !t.is_empty())
-        .map(Cursor::decode)
-        .transpose()?;
-    let sandbox_id = match query_value(&q, "sandboxID").filter(|s| !s.is_empty()) {
-        // An id that is not a sandbox id matches nothing.
-        Some(s) => ids::canonical_claim_id(s).unwrap_or_else(|| format!("invalid:{s}")),
-        None => String::new(),
-    };
-    let filter = CheckpointFilter {
-        name_prefix: prefix.clone(),
-        sandbox_id,
-        id: String::new(),
-    };
-    let listing = e2b.dispatcher.list_checkpoints(&filter).await;
-    if !listing.unreachable.is_empty() {
-        tracing::warn!(nodes = ?listing.unreachable, "snapshot listing is missing unreachable nodes");
-    }
-    // `name` takes a snapshot's name (with or without the namespace stamp) or its id.
-    let name = query_value(&q, "name").filter(|n| !n.is_empty());
-    let mut cks = listing.checkpoints;
-    cks.retain(|c| {
-        name.is_none_or(|n| c.id == n || c.name == n || c.name.strip_prefix(&prefix) == Some(n))
-    });
-    let (page, next) = listing::page(cks, checkpoint_key, Order::Desc, after.as_ref(), limit);
-    let body: Vec<wire::SnapshotInfo> = page.iter().map(|c| render::snapshot(c, &prefix)).collect();
-    let mut res = HttpResponse::Ok();
-    if let Some(t) = next {
-        res.insert_header(("X-Next-Token", t));
-    }
-    Ok(res.json(body))
-}
-
-#[utoipa::path(delete, path = "/templates/{templateID}", tag = "snapshots",
-    params(("templateID" = String, Path, description = "a snapshot id")),
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
-    security(("ApiKeyAuth" = [])))]
-pub async fn delete_template(
-    e2b: Data,
-    tenant: Tenant,
-    id: web::Path<String>,
-) -> ApiResult<HttpResponse> {
-    let id = id.into_inner();
-    if ids::is_checkpoint_id(&id) {
-        let prefix = model::stamped_name(&tenant.namespace, "");
-        e2b.dispatcher.delete_checkpoint(&id, &prefix).await?;
-        return Ok(HttpResponse::NoContent().finish());
-    }
-    if e2b.dispatcher.pools().keys().any(|k| k.template == id) {
-        return Err(ApiError::bad_request(format!(
-            "template {id:?} comes from node configuration and cannot be deleted through the API"
-        )));
-    }
-    Err(ApiError::not_found(format!("template {id:?} not found")))
-}
-
-fn within(q: &[(String, String)], now: i64) -> ApiResult<bool> {
-    let bound = |name: &str| -> ApiResult<Option<i64>> {
-        query_value(q, name)
-            .map(|v| {
-                v.parse::<i64>().map_err(|_| {
-                    ApiError::bad_request(format!("{name} must be a Unix time in seconds"))
-                })
-            })
-            .transpose()
-    };
-    let (start, end) = (bound("start")?, bound("end")?);
-    // Clients round their bounds to whole seconds; a second of slack keeps a sample taken in
-    // the same second as a bound.
-    // Saturating: any i64 is a valid bound to ask for (`end=9223372036854775807` overflowed).
-    Ok(start.is_none_or(|s| s <= now.saturating_add(1))
-        && end.is_none_or(|e| now <= e.saturating_add(1)))
-}
-
-#[utoipa::path(get, path = "/sandboxes/{sandboxID}/metrics", tag = "sandboxes",
-    params(("sandboxID" = String, Path), ("start" = Option<i64>, Query), ("end" = Option<i64>, Query)),
-    responses((status = 200, body = [wire::SandboxMetric], description = "the current measurement"),
-        (status = 404, body = ErrorBody)),
-    security(("ApiKeyAuth" = [])))]
-pub async fn metrics(
-    e2b: Data,
-    tenant: Tenant,
-    id: web::Path<String>,
-    q: web::Query<Vec<(String, String)>>,
-) -> ApiResult<HttpResponse> {
-    let stats = e2b.dispatcher.stats(tenant.scope(), &id).await?;
-    let samples = if within(&q, stats.measured_at.timestamp())? {
-        vec![render::metric(&stats)]
-    } else {
-        Vec::new()
-    };
-    Ok(ok_json(StatusCode::OK, &samples))
-}
-
-/// Most sandboxes one batch metrics call may name.
-pub const MAX_METRICS_IDS: usize = 100;
-
-#[utoipa::path(get, path = "/sandboxes/metrics", tag = "sandboxes",
-    params(("sandbox_ids" = String, Query, description = "comma-separated, at most 100")),
-    responses((status = 200, body = wire::SandboxesWithMetrics), (status = 400, body = ErrorBody)),
-    security(("ApiKeyAuth" = [])))]
-pub async fn metrics_batch(
-    e2b: Data,
-    tenant: Tenant,
-    q: web::Query<Vec<(String, String)>>,
-) -> ApiResult<HttpResponse> {
-    let ids: Vec<&str> = q
-        .iter()
-        .filter(|(k, _)| k == "sandbox_ids")
-        .flat_map(|(_, v)| v.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
-    if ids.is_empty() {
-        return Err(ApiError::bad_request("sandbox_ids is required"));
-    }
-    if ids.len() > MAX_METRICS_IDS {
-        return Err(ApiError::bad_request(format!(
-            "at most {MAX_METRICS_IDS} sandbox_ids, got {}",
-            ids.len()
-        )));
-    }
-    let asks = ids.iter().map(|id| {
-        let d = &e2b.dispatcher;
-        let scope = tenant.scope();
-        async move { (id.to_string(), d.stats(scope, id).await) }
-    });
-    let mut sandboxes = BTreeMap::new();
-    for (id, r) in futures::future::join_all(asks).await {
-        match r {
-            Ok(s) => {
-                sandboxes.insert(id, render::metric(&s));
-            }
-            Err(e) if e.kind == model::ErrorKind::NotFound => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(ok_json(
-        StatusCode::OK,
-        &wire::SandboxesWithMetrics { sandboxes },
-    ))
-}
-
 /// Routes the SDKs know that this gateway does not serve: a clear JSON error, never a fake
 /// success.
 pub async fn not_supported(req: HttpRequest) -> ApiResult<HttpResponse> {
@@ -799,22 +593,6 @@ pub async fn not_supported(req: HttpRequest) -> ApiResult<HttpResponse> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Found by tests/schema_fuzz.rs: `end=i64::MAX` on the metrics route panicked.
-    #[test]
-    fn metric_bounds_may_be_any_integer() {
-        let q = |pairs: &[(&str, i64)]| -> Vec<(String, String)> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let now = 1_800_000_000;
-        assert!(within(&q(&[("start", i64::MIN), ("end", i64::MAX)]), now).unwrap_or(false));
-        assert!(!within(&q(&[("end", i64::MIN)]), now).unwrap_or(true));
-        assert!(!within(&q(&[("start", i64::MAX)]), now).unwrap_or(true));
-        assert!(within(&q(&[("start", now)]), i64::MAX).unwrap_or(false));
-    }
 
     #[test]
     fn unsupported_options_are_named() {
