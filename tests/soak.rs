@@ -1,9 +1,9 @@
 //! The soak and chaos driver's short variant (`examples/soak`, built by `cargo test` with the
 //! other examples): a few hundred churn cycles across 3 nodes and 2 gateway replicas with e2b
 //! and Kubernetes clients mixed, then the fault matrix (kills mid-operation, a restart with
-//! state, a node that stops answering). The driver fails on any failed cycle
-//! and on anything left behind; its report must say so too. The full run (10 000 cycles) is
-//! `tests/reliability.sh soak`.
+//! state, a node that stops answering). The driver fails on any failed cycle and on anything
+//! left behind (descriptors too, less the fleet's ends of the driver's own connections); its
+//! report must say so too. The full run (10 000 cycles) is `tests/reliability.sh soak`.
 
 mod common;
 
@@ -40,7 +40,7 @@ fn a_short_soak_leaves_nothing_behind() {
     );
     assert!(report.contains("| failed cycles | 0 |"), "{report}");
     assert!(
-        report.contains("instance directories +0, sandbox processes +0, mounts +0, loop devices +0, checkpoints +0"),
+        report.contains("instance directories +0, sandbox processes +0, mounts +0, loop devices +0, checkpoints +0, fleet file descriptors +0"),
         "{report}"
     );
     for fault in [

@@ -291,9 +291,15 @@ pub async fn churn(fleet: Arc<Fleet>, cycles: usize, concurrency: usize) -> Res<
         .await
         .err()
         .map(|e| e.to_string());
-    // Give the processes a moment to close what the last requests opened.
+    // Give the processes a moment to close what the last requests opened (up to 10 s: a
+    // descriptor still open then is kept, and judged).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = fleet.footprint();
+    let mut after = fleet.footprint();
+    let until = Instant::now() + Duration::from_secs(10);
+    while after.own_fds() != before.own_fds() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        after = fleet.footprint();
+    }
     let half = cycles / 2;
     let memory = procs
         .iter()

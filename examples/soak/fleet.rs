@@ -212,6 +212,14 @@ impl Fleet {
                 .map(|r| dir_count(&r.join("checkpoints")))
                 .sum(),
             fds: self.processes().iter().map(|(_, p)| fds(*p)).sum(),
+            driver_connections: {
+                let tcp = tcp_sockets();
+                let ours = driver_ports(&tcp);
+                self.processes()
+                    .iter()
+                    .map(|(_, p)| connections_to(*p, &tcp, &ours))
+                    .sum()
+            },
         }
     }
 }
@@ -225,6 +233,16 @@ pub struct Footprint {
     pub loop_devices: usize,
     pub checkpoints: usize,
     pub fds: usize,
+    /// Of `fds`, the fleet's ends of TCP connections this driver holds open (its clients'
+    /// keep-alive pools): those close when the driver does, so they are not the fleet's leak.
+    pub driver_connections: usize,
+}
+
+impl Footprint {
+    /// Descriptors the fleet holds of its own accord.
+    pub fn own_fds(&self) -> i64 {
+        self.fds as i64 - self.driver_connections as i64
+    }
 }
 
 fn dir_count(d: &Path) -> usize {
@@ -263,4 +281,111 @@ pub fn fds(pid: i32) -> usize {
 /// Resident memory of `pid` in KiB.
 pub fn rss_kib(pid: i32) -> u64 {
     crate::common::rss_pss(pid).0 / 1024
+}
+
+/// A TCP socket of this network namespace: its inode and its local and remote ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSocket {
+    inode: u64,
+    local_port: u16,
+    remote_port: u16,
+}
+
+/// Every TCP socket in `/proc/net/tcp` and `tcp6` (the driver and the fleet share the host's
+/// network namespace; sandboxes have their own and are not counted here).
+fn tcp_sockets() -> Vec<TcpSocket> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|t| {
+            t.lines()
+                .skip(1)
+                .filter_map(parse_tcp_line)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// One row of `/proc/net/tcp`: `sl local rem st tx:rx tr:when retrnsmt uid timeout inode …`,
+/// addresses as `HEXADDR:HEXPORT`.
+fn parse_tcp_line(line: &str) -> Option<TcpSocket> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+    Some(TcpSocket {
+        local_port: port(f.get(1)?)?,
+        remote_port: port(f.get(2)?)?,
+        inode: f.get(9)?.parse().ok()?,
+    })
+}
+
+/// The socket inodes a process holds (`socket:[N]` links under `/proc/PID/fd`).
+fn socket_inodes(pid: &str) -> std::collections::HashSet<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            l.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Local ports of the TCP connections this driver process holds.
+fn driver_ports(tcp: &[TcpSocket]) -> std::collections::HashSet<u16> {
+    let mine = socket_inodes("self");
+    tcp.iter()
+        .filter(|s| mine.contains(&s.inode))
+        .map(|s| s.local_port)
+        .collect()
+}
+
+/// How many of `pid`'s sockets are connected to one of the driver's ports.
+fn connections_to(pid: i32, tcp: &[TcpSocket], driver: &std::collections::HashSet<u16>) -> usize {
+    let held = socket_inodes(&pid.to_string());
+    tcp.iter()
+        .filter(|s| held.contains(&s.inode) && driver.contains(&s.remote_port))
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_rows_give_ports_and_inodes() {
+        let v4 = "   3: 0100007F:A2C4 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 734911 1 0000000000000000 20 4 30 10 -1";
+        assert_eq!(
+            parse_tcp_line(v4),
+            Some(TcpSocket {
+                inode: 734911,
+                local_port: 0xA2C4,
+                remote_port: 8080
+            })
+        );
+        let v6 = "   0: 00000000000000000000000001000000:0050 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1234 1 0000000000000000 100 0 0 10 0";
+        assert_eq!(
+            parse_tcp_line(v6).map(|s| (s.local_port, s.inode)),
+            Some((80, 1234))
+        );
+        assert_eq!(parse_tcp_line("  sl  local_address rem_address"), None);
+        assert_eq!(parse_tcp_line(""), None);
+    }
+
+    #[test]
+    fn a_connection_is_found_from_both_ends() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_server, _) = listener.accept().unwrap();
+        let tcp = tcp_sockets();
+        let ports = driver_ports(&tcp);
+        assert!(ports.contains(&client.local_addr().unwrap().port()));
+        // This process holds both ends: the server's end has the client's port as its peer.
+        let me = std::process::id() as i32;
+        assert!(connections_to(me, &tcp, &ports) >= 1);
+    }
 }

@@ -108,13 +108,15 @@ fn render(command: &str, run: &churn::ChurnRun, cases: &[faults::Case]) -> Strin
     let (b, a) = (run.before, run.after);
     let _ = writeln!(
         o,
-        "| left behind (after − before) | instance directories {:+}, sandbox processes {:+}, mounts {:+}, loop devices {:+}, checkpoints {:+}, fleet file descriptors {:+} |\n",
+        "| left behind (after − before) | instance directories {:+}, sandbox processes {:+}, mounts {:+}, loop devices {:+}, checkpoints {:+}, fleet file descriptors {:+} (not counting the fleet's ends of the driver's own keep-alive connections: {} before, {} after) |\n",
         a.instance_dirs as i64 - b.instance_dirs as i64,
         a.sandbox_processes as i64 - b.sandbox_processes as i64,
         a.mounts as i64 - b.mounts as i64,
         a.loop_devices as i64 - b.loop_devices as i64,
         a.checkpoints as i64 - b.checkpoints as i64,
-        a.fds as i64 - b.fds as i64,
+        a.own_fds() - b.own_fds(),
+        b.driver_connections,
+        a.driver_connections,
     );
     let _ = writeln!(
         o,
@@ -208,7 +210,8 @@ fn main() -> Res<()> {
         };
         let section = render(&command.join(" "), &run, &cases);
         let failed: usize = run.errors.values().sum();
-        // Descriptors are reported, not judged: connection pools grow and shrink.
+        // Descriptors are judged without the driver's own connections, whose pools grow with
+        // the concurrency and close with the driver.
         let (b, a) = (run.before, run.after);
         let leaked = (
             a.instance_dirs,
@@ -216,12 +219,14 @@ fn main() -> Res<()> {
             a.mounts,
             a.loop_devices,
             a.checkpoints,
+            a.own_fds(),
         ) != (
             b.instance_dirs,
             b.sandbox_processes,
             b.mounts,
             b.loop_devices,
             b.checkpoints,
+            b.own_fds(),
         );
         match &out {
             Some(p) => {
