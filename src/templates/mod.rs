@@ -184,8 +184,9 @@ impl TemplateStore {
         let root = dir.join(ROOTFS);
         // One stat finds the usual damage: a copy that did not keep owners (`cp -r`, an
         // archive unpacked as another user) gives every file to whoever copied it, and no
-        // sandbox of this node could then start on the tree.
-        match fs::symlink_metadata(&root) {
+        // sandbox of this node could then start on the tree. The stat follows a link: a
+        // rootfs may live on another disk.
+        match fs::metadata(&root) {
             Ok(m) if m.is_dir() && m.uid() == meta.uid_base => {
                 Ok(Found::Usable(Template { meta, root }))
             }
@@ -519,8 +520,16 @@ mod tests {
         assert_eq!(store.get("base").unwrap().meta.uid_base, 400_000);
         assert_eq!(store.list().len(), 1);
 
-        // What `cp -r` run by root does to the tree's top.
+        // A rootfs that is a link to a tree elsewhere (another disk) is followed.
         let root = dir.path().join("base").join(ROOTFS);
+        let elsewhere = dir.path().join("elsewhere");
+        fs::rename(&root, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &root).unwrap();
+        assert!(store.get("base").is_ok());
+        fs::remove_file(&root).unwrap();
+        fs::rename(&elsewhere, &root).unwrap();
+
+        // What `cp -r` run by root does to the tree's top.
         std::os::unix::fs::lchown(&root, Some(0), Some(0)).unwrap();
         let e = store.get("base").unwrap_err();
         assert_eq!(e.kind, ErrorKind::Internal);
