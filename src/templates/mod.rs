@@ -506,17 +506,26 @@ mod tests {
 
     fn quiet(_: &str) {}
 
-    #[test]
-    fn a_template_whose_files_lost_their_owners_is_damaged_not_usable() {
+    /// A directory holding `base` composed from the host for uid base 400000 (fast: /usr is
+    /// not copied), or `None` when not root (chown needs it).
+    fn composed_base() -> Option<(tempfile::TempDir, TemplateStore)> {
         if !crate::node::runtime::sys::is_root() {
             eprintln!("skipped: templates are chowned into the id range, which needs root");
-            return;
+            return None;
         }
         let dir = tempfile::tempdir().unwrap();
         let store = TemplateStore::new(dir.path(), IdMap::new(400_000).unwrap()).unwrap();
         store
             .install(|staging| host::compose(staging, store.ids), &quiet)
             .unwrap();
+        Some((dir, store))
+    }
+
+    #[test]
+    fn a_template_whose_files_lost_their_owners_is_damaged_not_usable() {
+        let Some((dir, store)) = composed_base() else {
+            return;
+        };
         assert_eq!(store.get("base").unwrap().meta.uid_base, 400_000);
         assert_eq!(store.list().len(), 1);
 
@@ -552,15 +561,9 @@ mod tests {
 
     #[test]
     fn a_template_for_another_uid_base_is_refused_not_rebuilt() {
-        if !crate::node::runtime::sys::is_root() {
-            eprintln!("skipped: templates are chowned into the id range, which needs root");
+        let Some((dir, theirs)) = composed_base() else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let theirs = TemplateStore::new(dir.path(), IdMap::new(400_000).unwrap()).unwrap();
-        theirs
-            .install(|staging| host::compose(staging, theirs.ids), &quiet)
-            .unwrap();
+        };
         let ours = TemplateStore::new(dir.path(), IdMap::new(500_000).unwrap()).unwrap();
         let e = ours.find("base").err().expect("refused");
         assert_eq!(e.kind, ErrorKind::Invalid);
