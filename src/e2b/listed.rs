@@ -6,7 +6,7 @@ use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use bytes::Bytes;
 
-use super::listing::{Cursor, Order};
+use super::listing::{Cursor, Order, beyond, finish};
 use super::render;
 use crate::dispatch::forms::{Form, Rendered, kept};
 use crate::dispatch::read_view::Entry;
@@ -35,40 +35,16 @@ pub fn page(
     after: Option<&Cursor>,
     limit: usize,
 ) -> (Vec<Entry>, Option<String>) {
-    let past = |e: &Entry| match after {
-        None => true,
-        Some(c) => {
-            let at = (c.at_ms, c.id.as_str());
-            match order {
-                Order::Asc => cursor_key(e) > at,
-                Order::Desc => cursor_key(e) < at,
-            }
-        }
-    };
     let walk: Box<dyn Iterator<Item = &Entry>> = match order {
         Order::Asc => Box::new(oldest_first.iter()),
         Order::Desc => Box::new(oldest_first.iter().rev()),
     };
-    let mut out: Vec<Entry> = walk
-        .filter(|e| past(e) && keep(e))
+    let out: Vec<Entry> = walk
+        .filter(|e| beyond(after, cursor_key(e), order) && keep(e))
         .take(limit.saturating_add(1))
         .cloned()
         .collect();
-    let more = out.len() > limit;
-    out.truncate(limit);
-    let next = if more {
-        out.last().map(|e| {
-            let (at_ms, id) = cursor_key(e);
-            Cursor {
-                at_ms,
-                id: id.to_string(),
-            }
-            .encode()
-        })
-    } else {
-        None
-    };
-    (out, next)
+    finish(out, limit, cursor_key)
 }
 
 /// A JSON array of the entries' listed forms, in chunks of about `CHUNK` bytes.

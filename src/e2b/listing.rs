@@ -122,6 +122,38 @@ impl Cursor {
     }
 }
 
+/// Whether `key` (time, id) lies beyond the cursor `after` in `order`; with no cursor,
+/// everything does.
+pub fn beyond(after: Option<&Cursor>, key: (i64, &str), order: Order) -> bool {
+    after.is_none_or(|c| {
+        let c = (c.at_ms, c.id.as_str());
+        match order {
+            Order::Asc => key > c,
+            Order::Desc => key < c,
+        }
+    })
+}
+
+/// A page from up to `limit + 1` items past the cursor: the first `limit`, and the cursor
+/// for the next page when there was one more.
+pub fn finish<T>(
+    mut items: Vec<T>,
+    limit: usize,
+    key: impl Fn(&T) -> (i64, &str),
+) -> (Vec<T>, Option<String>) {
+    let more = items.len() > limit;
+    items.truncate(limit);
+    let next = more.then(|| items.last()).flatten().map(|t| {
+        let (at_ms, id) = key(t);
+        Cursor {
+            at_ms,
+            id: id.to_string(),
+        }
+        .encode()
+    });
+    (items, next)
+}
+
 /// One page of `items` (already sorted in `order` by (time, id)) after `after`, and the
 /// cursor for the next page when there is one.
 pub fn page<T>(
@@ -131,34 +163,12 @@ pub fn page<T>(
     after: Option<&Cursor>,
     limit: usize,
 ) -> (Vec<T>, Option<String>) {
-    let past = |t: &T| match after {
-        None => true,
-        Some(c) => {
-            let (at, id) = key(t);
-            let k = (at, id);
-            let c = (c.at_ms, c.id.as_str());
-            match order {
-                Order::Asc => k > c,
-                Order::Desc => k < c,
-            }
-        }
-    };
-    let mut rest: Vec<T> = items.into_iter().filter(|t| past(t)).collect();
-    let more = rest.len() > limit;
-    rest.truncate(limit);
-    let next = if more {
-        rest.last().map(|t| {
-            let (at_ms, id) = key(t);
-            Cursor {
-                at_ms,
-                id: id.to_string(),
-            }
-            .encode()
-        })
-    } else {
-        None
-    };
-    (rest, next)
+    let rest: Vec<T> = items
+        .into_iter()
+        .filter(|t| beyond(after, key(t), order))
+        .take(limit.saturating_add(1))
+        .collect();
+    finish(rest, limit, key)
 }
 
 #[cfg(test)]
