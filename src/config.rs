@@ -30,6 +30,9 @@ pub enum Command {
     Node(NodeArgs),
     /// Run the in-sandbox agent (started by a node for every sandbox).
     Agent(AgentArgs),
+    /// Serve e2b's Code Interpreter API in front of Jupyter kernels (sandboxes of a
+    /// code-interpreter template run it by themselves; this is for development).
+    Interpreter(InterpreterArgs),
     /// Manage e2b API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -370,6 +373,10 @@ pub struct SandboxArgs {
     /// "no capacity" (503, Retry-After) and the dispatcher tries another node.
     #[arg(long = "boot-timeout-seconds", value_name = "SECONDS", value_parser = parse_seconds, default_value = "15")]
     pub boot_timeout: Duration,
+    /// How long a template's services (the code interpreter with its kernels) may take to
+    /// answer after the sandbox booted; a pool's sandbox is warm only once they do.
+    #[arg(long = "service-timeout-seconds", value_name = "SECONDS", value_parser = parse_seconds, default_value = "120")]
+    pub service_timeout: Duration,
 }
 
 impl SandboxArgs {
@@ -389,6 +396,7 @@ impl SandboxArgs {
         crate::model::network::parse_cidrs("--sandbox-reachable", &self.sandbox_reachable)?;
         node.sandbox_reachable = self.sandbox_reachable.clone();
         node.boot_timeout = self.boot_timeout;
+        node.service_timeout = self.service_timeout;
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(
@@ -428,6 +436,9 @@ pub struct AgentArgs {
     /// The sandbox has egress through slirp4netns (with --gvisor-init).
     #[arg(long, requires = "gvisor_init")]
     pub egress: bool,
+    /// A service the sandbox runs beside envd (with --gvisor-init; repeatable).
+    #[arg(long = "service", value_enum, requires = "gvisor_init")]
+    pub services: Vec<crate::sandbox::services::Service>,
     /// Build a sandbox from this boot spec and supervise it (the built-in runtime starts
     /// every sandbox this way).
     #[arg(long, conflicts_with = "listen")]
@@ -460,6 +471,23 @@ pub struct AgentArgs {
     /// Default working directory for commands and relative paths [default: the user's home].
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct InterpreterArgs {
+    /// Address to serve on (a sandbox's is port 49999).
+    #[arg(long, default_value = "127.0.0.1:49999")]
+    pub listen: String,
+    /// The interpreter configuration (a template's /etc/sandbox-gateway/code-interpreter.json)
+    /// [default: python only, from the Jupyter data directories].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Directory for kernels' connection files and sockets (emptied at start).
+    #[arg(long)]
+    pub runtime_dir: Option<PathBuf>,
+    /// A JSON object of variables every execution gets (what envd publishes in a sandbox).
+    #[arg(long)]
+    pub envs_file: Option<PathBuf>,
 }
 
 pub fn host_name() -> String {

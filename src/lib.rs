@@ -11,6 +11,7 @@ pub mod facade;
 pub mod fsx;
 pub mod gateway;
 pub mod httpx;
+pub mod interpreter;
 pub mod model;
 pub mod node;
 pub mod proto;

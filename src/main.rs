@@ -168,6 +168,26 @@ fn template_command(cmd: TemplateCommand) -> Result<()> {
     Ok(())
 }
 
+/// `sandbox-gateway interpreter`: the code interpreter outside any sandbox, with this
+/// process's own environment for its kernels.
+fn interpreter(args: sandbox_gateway::config::InterpreterArgs) -> Result<()> {
+    use sandbox_gateway::interpreter::{self, Config, Listen, Options};
+    let config = match &args.config {
+        Some(p) => Config::load(p).map_err(Error::invalid)?,
+        None => Config::default(),
+    };
+    let runtime_dir = args.runtime_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("sandbox-gateway-kernels-{}", std::process::id()))
+    });
+    interpreter::run(Options {
+        listen: Listen::Tcp(args.listen),
+        config,
+        runtime_dir,
+        envs_file: args.envs_file,
+        kernel_env: std::env::vars().collect(),
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command.unwrap_or(Command::Serve(Box::new(cli.serve))) {
@@ -183,6 +203,7 @@ fn main() -> ExitCode {
                     a.memory_bytes,
                     a.cpu_count,
                     a.egress,
+                    &a.services,
                 );
             }
             if let (Some(spec), Some(fd)) = (&a.reap, a.lifeline_fd) {
@@ -207,6 +228,10 @@ fn main() -> ExitCode {
                     ..Default::default()
                 },
             )
+        }
+        Command::Interpreter(i) => {
+            init_logging("info");
+            interpreter(i)
         }
         Command::Node(n) => {
             init_logging("info");

@@ -46,6 +46,7 @@ pub fn serve_in_sandbox(spec: &BootSpec) -> i32 {
         init_token: Some(spec.init_token.clone()),
         mem_total_bytes: Some(spec.memory_bytes),
         cpu_count: Some(spec.cpu_count),
+        envs_file: Some(crate::interpreter::envs::SANDBOX_ENVS_FILE.into()),
         ..Default::default()
     };
     match bind(&format!("0.0.0.0:{ENVD_PORT}")).and_then(|l| serve(l, cfg)) {

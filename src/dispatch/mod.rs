@@ -237,9 +237,12 @@ impl Dispatcher {
     /// Claims a sandbox on some node: power-of-two choices among nodes with warm capacity for
     /// the pool key, then among nodes that can cold-start it. A node that refuses (no
     /// capacity, unreachable) is skipped; a claim whose outcome is unknown is never re-sent.
-    pub async fn claim(&self, req: ClaimRequest) -> Result<Claimed> {
+    pub async fn claim(&self, mut req: ClaimRequest) -> Result<Claimed> {
         model::sandbox::validate_claim_ref(&req.claim_ref())?;
         let up = self.inner.registry.up();
+        if let Some(name) = routing::canonical_template(&up, &req.key.template) {
+            req.key.template = name;
+        }
         if up.is_empty() {
             return Err(Error::unavailable("no node is reachable"));
         }

@@ -12,6 +12,21 @@ fn score(h: &NodeHandle, key: &PoolKey) -> (i64, i64) {
     (h.warm_estimate(key), -h.claims_estimate())
 }
 
+/// The name of the template `asked` names when it is another template's alias on some node
+/// (e2b's SDKs ask for `code-interpreter-v1`); None when it is a name of its own, or unknown.
+pub fn canonical_template(nodes: &[Arc<NodeHandle>], asked: &str) -> Option<String> {
+    if nodes.iter().any(|h| h.offers_template(asked)) {
+        return None;
+    }
+    nodes.iter().find_map(|h| {
+        h.info()?
+            .template_info
+            .into_iter()
+            .find(|t| t.aliases.iter().any(|a| a == asked))
+            .map(|t| t.name)
+    })
+}
+
 /// Removes and returns the next node to try from `candidates`.
 pub fn take_next(candidates: &mut Vec<Arc<NodeHandle>>, key: &PoolKey) -> Option<Arc<NodeHandle>> {
     match candidates.len() {
@@ -72,11 +87,31 @@ mod tests {
             disk_bytes: 0,
             usage: vec![],
             data_address: String::new(),
-            template_info: vec![],
+            template_info: vec![crate::model::TemplateInfo {
+                name: "base".into(),
+                aliases: vec!["base-v1".into()],
+                ..Default::default()
+            }],
             boundary: String::new(),
             captures_memory: false,
         });
         h
+    }
+
+    #[tokio::test]
+    async fn aliases_resolve_to_the_template_that_declares_them() {
+        let nodes = vec![node("10.0.0.1:1", 1, 0)];
+        assert_eq!(
+            canonical_template(&nodes, "base-v1").as_deref(),
+            Some("base")
+        );
+        assert_eq!(
+            canonical_template(&nodes, "base"),
+            None,
+            "a name of its own"
+        );
+        assert_eq!(canonical_template(&nodes, "other"), None, "unknown");
+        assert_eq!(canonical_template(&[], "base-v1"), None);
     }
 
     #[tokio::test]

@@ -38,8 +38,14 @@ pub fn templates(e2b: &E2b) -> Vec<wire::Template> {
                 memory_mb: mem / MIB,
                 disk_size_mb: tier.map_or(info.disk_bytes, |t| t.disk_bytes) / MIB,
                 public: true,
-                aliases: Vec::new(),
-                names: vec![name.clone()],
+                aliases: described.map(|t| t.aliases.clone()).unwrap_or_default(),
+                names: std::iter::once(name.clone())
+                    .chain(
+                        described
+                            .into_iter()
+                            .flat_map(|t| t.aliases.iter().cloned()),
+                    )
+                    .collect(),
                 created_at: built,
                 updated_at: built,
                 created_by: None,

@@ -51,6 +51,9 @@ pub struct EnvdConfig {
     /// What /metrics reports as totals when set (the sandbox's size tier); else measured from the host view.
     pub mem_total_bytes: Option<u64>,
     pub cpu_count: Option<u32>,
+    /// Inside a sandbox: where the sandbox-wide variables are published for the code
+    /// interpreter whenever they change.
+    pub envs_file: Option<PathBuf>,
 }
 
 /// Where envd accepts connections.

@@ -24,6 +24,8 @@ pub struct Envd {
     pub init_token: Option<String>,
     pub mem_total_bytes: Option<u64>,
     pub cpu_count: Option<u32>,
+    /// Where the sandbox-wide variables are published for the code interpreter.
+    envs_file: Option<PathBuf>,
     settings: RwLock<Settings>,
     pub processes: ProcessTable,
     pub watchers: Watchers,
@@ -41,6 +43,7 @@ impl Envd {
             init_token: cfg.init_token,
             mem_total_bytes: cfg.mem_total_bytes,
             cpu_count: cfg.cpu_count,
+            envs_file: cfg.envs_file,
             settings: RwLock::new(Settings {
                 access_token: cfg.access_token,
                 env_vars: cfg.env_vars,
@@ -62,9 +65,24 @@ impl Envd {
     }
 
     pub fn update_settings(&self, f: impl FnOnce(&mut Settings)) {
-        match self.settings.write() {
-            Ok(mut s) => f(&mut s),
-            Err(p) => f(&mut p.into_inner()),
+        let mut s = match self.settings.write() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        let before = s.env_vars.clone();
+        f(&mut s);
+        if s.env_vars != before {
+            self.publish_envs(&s.env_vars);
+        }
+    }
+
+    /// Hands the sandbox-wide variables to the code interpreter, whose kernels were started
+    /// before them (see `crate::interpreter::envs`).
+    pub fn publish_envs(&self, envs: &BTreeMap<String, String>) {
+        if let Some(path) = &self.envs_file
+            && let Err(e) = crate::interpreter::envs::publish(path, envs)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "publishing the sandbox's variables");
         }
     }
 

@@ -325,6 +325,8 @@ pub struct TemplateInfo {
     pub kind: String,
     pub source: String,
     pub created_at: Option<DateTime<Utc>>,
+    /// Other names the template answers to.
+    pub aliases: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

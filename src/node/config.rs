@@ -40,6 +40,9 @@ pub struct NodeConfig {
     /// How long a sandbox may take to boot (or restore) before the node gives up on it and
     /// answers "no capacity": on an overloaded host, another node or a later retry will do.
     pub boot_timeout: Duration,
+    /// How long a template's services (the code interpreter and its kernels) may take to
+    /// answer after the sandbox booted; a pool's sandbox counts as warm only then.
+    pub service_timeout: Duration,
 }
 
 /// The default paused retention: 7 days.
@@ -105,6 +108,7 @@ impl NodeConfig {
             paused_retention: Duration::from_secs(DEFAULT_PAUSED_RETENTION_SECONDS),
             sandbox_reachable: Vec::new(),
             boot_timeout: BOOT_TIMEOUT,
+            service_timeout: SERVICE_TIMEOUT,
         }
     }
 
@@ -114,6 +118,8 @@ impl NodeConfig {
 }
 
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Starting kernels and warming their imports takes seconds, more on gVisor's ptrace platform.
+pub const SERVICE_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone)]
 pub struct Paths {

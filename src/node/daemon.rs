@@ -99,6 +99,56 @@ fn pick_runtime(
     }
 }
 
+/// Builds, in the background, the built-in recipes the pools name that are missing (or were
+/// made from an older recipe): sandboxes of other templates are served meanwhile, and the
+/// pool fills once its template is there.
+fn build_recipes_in_background(store: &TemplateStore, pools: &[crate::model::PoolTarget]) {
+    let mut names: Vec<&str> = pools.iter().map(|p| p.key.template.as_str()).collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let Some(recipe) = crate::templates::recipes::find(name) else {
+            continue;
+        };
+        if store
+            .get(name)
+            .is_ok_and(|t| t.meta.recipe.as_deref() == Some(recipe.digest().as_str()))
+        {
+            continue;
+        }
+        let store = store.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("build-{name}"))
+            .spawn(move || {
+                let prefix = recipe.name;
+                let progress = |line: &str| println!("{prefix} | {line}");
+                progress(&format!(
+                    "building template {prefix} in the background; other sandboxes are served meanwhile"
+                ));
+                let built = store.build(
+                    &crate::templates::BuildSpec {
+                        name: prefix.to_string(),
+                        if_missing: true,
+                        ..Default::default()
+                    },
+                    &progress,
+                );
+                match built {
+                    Ok(_) => progress(&format!("template {prefix} is ready; its pool fills now")),
+                    Err(e) => {
+                        progress(&format!("building template {prefix} failed: {e}"));
+                        progress(&format!(
+                            "  retry with `sandbox-gateway template build {prefix}`; its pool stays empty until then"
+                        ));
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(template = name, error = %e, "could not start the template build");
+        }
+    }
+}
+
 /// Where the data plane listens: `explicit` if given, else the node's port + 1, or a port of
 /// its own when the node's was asked as 0. (Port + 1 of an ephemeral port may be any other
 /// program's ephemeral port: two gateways starting side by side collided on it.)
@@ -149,6 +199,7 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
     let store = TemplateStore::new(&paths.templates, node_cfg.ids)?;
     let progress = |line: &str| println!("{line}");
     tokio::task::block_in_place(|| store.ensure_base(&progress))?;
+    build_recipes_in_background(&store, &node_cfg.pools);
     let runtime = pick_runtime(&node_cfg, &paths, cfg.agent)?;
     println!("runtime {}", runtime.describe());
     if runtime.offers_egress() && !runtime.enforces_egress() {

@@ -13,6 +13,7 @@ mod metadata;
 mod network;
 mod ops;
 mod pools;
+mod readiness;
 pub mod runtime;
 pub mod service;
 mod store;
@@ -509,7 +510,8 @@ impl<R: Runtime> Node<R> {
     ) -> Result<Instance<R::Handle>> {
         let id = ids::new_instance_id();
         let dir = self.inner.paths.sandboxes.join(&id);
-        self.inner
+        let inst = self
+            .inner
             .runtime
             .boot(runtime::BootSpec {
                 instance_id: &id,
@@ -519,7 +521,18 @@ impl<R: Runtime> Node<R> {
                 dir: &dir,
                 egress,
             })
-            .await
+            .await?;
+        let services = &template.meta.services;
+        if !services.is_empty() {
+            let rt = &self.inner.runtime;
+            if let Err(e) =
+                readiness::wait(rt, &inst, services, self.inner.cfg.service_timeout).await
+            {
+                self.destroy_later(inst, "its services did not start");
+                return Err(e);
+            }
+        }
+        Ok(inst)
     }
 
     /// Takes a slot for an instance to be booted for a caller, or says why there is none.
@@ -585,6 +598,7 @@ impl<R: Runtime> Node<R> {
                     kind: format!("{:?}", t.meta.kind).to_lowercase(),
                     source: t.meta.source.clone(),
                     created_at: Some(t.meta.created_at),
+                    aliases: t.meta.aliases.clone(),
                 })
                 .collect(),
             data_address: cfg.data_address.clone(),

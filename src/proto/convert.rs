@@ -332,6 +332,7 @@ impl From<&model::NodeInfo> for super::NodeInfo {
                     kind: t.kind.clone(),
                     source: t.source.clone(),
                     created_at_ms: t.created_at.map(to_ms).unwrap_or(0),
+                    aliases: t.aliases.clone(),
                 })
                 .collect(),
             boundary: i.boundary.clone(),
@@ -397,6 +398,7 @@ impl From<super::NodeInfo> for model::NodeInfo {
                     packages: t.packages,
                     kind: t.kind,
                     source: t.source,
+                    aliases: t.aliases,
                 })
                 .collect(),
             boundary: i.boundary,

@@ -29,7 +29,13 @@ pub const GENERATION: &str = "generation";
 const ENVD_SOCKET: &str = "/.sandbox-gateway/envd.sock";
 
 /// Runs as pid 1; never returns.
-pub fn run(init_token: String, memory_bytes: u64, cpu_count: u32, egress: bool) -> ! {
+pub fn run(
+    init_token: String,
+    memory_bytes: u64,
+    cpu_count: u32,
+    egress: bool,
+    services: &[super::services::Service],
+) -> ! {
     // runsc hands the container a host file as its standard streams; nothing a sandbox writes
     // may grow the host's disk, so they end here.
     if let Ok(null) = std::fs::OpenOptions::new()
@@ -60,6 +66,7 @@ pub fn run(init_token: String, memory_bytes: u64, cpu_count: u32, egress: bool) 
             init_token: Some(init_token),
             mem_total_bytes: Some(memory_bytes),
             cpu_count: Some(cpu_count),
+            envs_file: Some(crate::interpreter::envs::SANDBOX_ENVS_FILE.into()),
             ..Default::default()
         };
         let _ = std::fs::remove_file(ENVD_SOCKET);
@@ -79,6 +86,7 @@ pub fn run(init_token: String, memory_bytes: u64, cpu_count: u32, egress: bool) 
         // SAFETY: the agent's process ends here.
         unsafe { libc::_exit(code) };
     }
+    super::services::start(services, super::services::Exposure::Socket);
     // The door opens once envd answers, so that the node's first PING means "ready".
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while UnixStream::connect(ENVD_SOCKET).is_err() && std::time::Instant::now() < deadline {
@@ -236,6 +244,11 @@ impl Write for Inner {
 fn connect_port(port: u16) -> io::Result<Inner> {
     if port == super::spec::ENVD_PORT {
         return UnixStream::connect(ENVD_SOCKET).map(Inner::Unix);
+    }
+    // The code interpreter listens on a socket here, for the same reason envd does.
+    if port == crate::interpreter::PORT && std::path::Path::new(crate::interpreter::SOCKET).exists()
+    {
+        return UnixStream::connect(crate::interpreter::SOCKET).map(Inner::Unix);
     }
     TcpStream::connect(("127.0.0.1", port)).map(Inner::Tcp)
 }

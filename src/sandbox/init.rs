@@ -78,6 +78,7 @@ fn setup(spec: &BootSpec, sync: OwnedFd) -> io::Result<i32> {
         // SAFETY: the agent's process ends here.
         unsafe { libc::_exit(code) };
     }
+    super::services::start(&spec.services, super::services::Exposure::Port);
     Ok(pid)
 }
 

@@ -114,6 +114,9 @@ pub struct BootSpec {
     /// Destinations a sandbox with egress must never reach (CIDRs): private and local ranges
     /// and the host's own addresses.
     pub blocked: Vec<String>,
+    /// What the sandbox runs beside envd (its template's services).
+    #[serde(default)]
+    pub services: Vec<super::services::Service>,
 }
 
 impl BootSpec {
@@ -177,12 +180,14 @@ mod tests {
             memory_bytes: 512 << 20,
             slirp4netns: Some("/usr/bin/slirp4netns".into()),
             blocked: vec!["10.0.0.0/8".into()],
+            services: vec![super::super::services::Service::CodeInterpreter],
         };
         spec.save().unwrap();
         let back = BootSpec::load(&BootSpec::path(dir.path())).unwrap();
         assert_eq!(back.root_kind, RootKind::HostUsr);
         assert_eq!(back.net, Net::Egress);
         assert_eq!(back.ids, spec.ids);
+        assert_eq!(back.services, spec.services);
         assert!(BootSpec::load(&dir.path().join("missing")).is_err());
     }
 }

@@ -1,14 +1,14 @@
 //! Templates from Debian packages: `mmdebstrap` builds a minimal system with the packages
 //! asked for, from the host's apt sources (or deb.debian.org when the host has none), adds
-//! the user `user` (uid 1000, as on e2b) and lets pip install packages. A derived template is
-//! another template plus packages installed with apt in a chroot.
+//! the user `user` (uid 1000, as on e2b) and lets pip install packages. Derived templates
+//! (another template plus steps) are `derive`'s.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::shift::{Shift, shift_tree};
-use super::{Kind, Progress, Template, TemplateMeta, new_meta};
+use super::{Kind, Progress, TemplateMeta, new_meta};
 use crate::model::{Error, Result};
 use crate::sandbox::spec::{IdMap, RootKind};
 
@@ -58,7 +58,7 @@ pub fn package_list(extra: &[String]) -> Vec<String> {
     out
 }
 
-fn validate_packages(packages: &[String]) -> Result<()> {
+pub(super) fn validate_packages(packages: &[String]) -> Result<()> {
     for p in packages {
         let ok = !p.is_empty()
             && p.len() <= 128
@@ -97,7 +97,11 @@ fn host_has_apt_sources() -> bool {
 }
 
 /// Runs `cmd`, passing each line it prints on stderr to `progress` with a prefix.
-fn run_with_progress(mut cmd: Command, label: &str, progress: Progress<'_>) -> Result<()> {
+pub(super) fn run_with_progress(
+    mut cmd: Command,
+    label: &str,
+    progress: Progress<'_>,
+) -> Result<()> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -173,70 +177,6 @@ pub fn bootstrap(
         format!("mmdebstrap --variant=minbase {suite}"),
     );
     meta.packages = packages.to_vec();
-    Ok(meta)
-}
-
-/// A copy of `parent` with `packages` installed by apt, run as host root in a chroot of its
-/// own mount namespace (with /proc and /dev) and the host's resolver.
-pub fn derive(
-    parent: &Template,
-    staging: &Path,
-    name: &str,
-    packages: &[String],
-    ids: IdMap,
-    progress: Progress<'_>,
-) -> Result<TemplateMeta> {
-    validate_packages(packages)?;
-    if packages.is_empty() {
-        return Err(Error::invalid("--packages names nothing to add"));
-    }
-    let root = staging.join(super::ROOTFS);
-    progress(&format!(
-        "building template {name} from {} plus {}",
-        parent.meta.name,
-        packages.join(", ")
-    ));
-    let mut cp = Command::new("cp");
-    cp.args(["-a", "--reflink=auto"])
-        .arg(&parent.root)
-        .arg(&root);
-    run_with_progress(cp, "copying the parent template", progress)?;
-    shift_tree(&root, ids, Shift::Out).map_err(|e| Error::io("preparing the copy", e))?;
-    let _ = std::fs::copy("/etc/resolv.conf", root.join("etc/resolv.conf"));
-    let script = format!(
-        "set -e; mount -t proc proc \"$1/proc\"; mount --rbind /dev \"$1/dev\"; \
-         chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get update -qq; \
-         chroot \"$1\" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {}; \
-         chroot \"$1\" apt-get clean",
-        packages.join(" ")
-    );
-    let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-        "derive",
-    ])
-    .arg(&root);
-    let ran = run_with_progress(cmd, "apt-get in the new template", progress);
-    let shifted = shift_tree(&root, ids, Shift::In)
-        .map_err(|e| Error::io("moving the template into the sandbox id range", e));
-    ran?;
-    shifted?;
-    let mut meta = new_meta(
-        name,
-        Kind::Derived,
-        parent.meta.root_kind,
-        ids,
-        format!("{} + apt-get install", parent.meta.name),
-    );
-    meta.packages = parent.meta.packages.clone();
-    meta.packages.extend(packages.iter().cloned());
-    meta.env = parent.meta.env.clone();
-    meta.workdir = parent.meta.workdir.clone();
     Ok(meta)
 }
 

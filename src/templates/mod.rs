@@ -5,9 +5,12 @@
 //! namespace. Built from Debian packages (mmdebstrap), imported from an OCI image archive, or,
 //! when mmdebstrap is missing, composed from the host's `/usr`.
 
+mod code_interpreter;
 mod debian;
+mod derive;
 mod host;
 mod oci;
+pub mod recipes;
 mod shift;
 
 use std::collections::BTreeMap;
@@ -59,6 +62,16 @@ pub struct TemplateMeta {
     /// Working directory and user an image asks for.
     #[serde(default)]
     pub workdir: Option<String>,
+    /// Other names the template answers to (e2b's SDKs ask for `code-interpreter-v1`).
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// What its sandboxes run beside envd, and wait for before they count as ready.
+    #[serde(default)]
+    pub services: Vec<crate::sandbox::services::Service>,
+    /// A digest of what the template was built from (its recipe), so that a build "if
+    /// missing" also rebuilds one made from another recipe.
+    #[serde(default)]
+    pub recipe: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -69,7 +82,7 @@ pub struct Template {
 
 /// What a templates directory holds under a name.
 enum Found {
-    Usable(Template),
+    Usable(Box<Template>),
     Missing,
     /// There, but no sandbox could start on it (its files lost their owners, its rootfs or
     /// description is gone or unreadable); only a rebuild helps.
@@ -145,7 +158,7 @@ impl TemplateStore {
 
     pub fn get(&self, name: &str) -> Result<Template> {
         match self.find(name)? {
-            Found::Usable(t) => Ok(t),
+            Found::Usable(t) => Ok(*t),
             Found::Missing => Err(Error::not_found(format!(
                 "template {name:?} is not in {}",
                 self.dir.display()
@@ -188,7 +201,7 @@ impl TemplateStore {
         // rootfs may live on another disk.
         match fs::metadata(&root) {
             Ok(m) if m.is_dir() && m.uid() == meta.uid_base => {
-                Ok(Found::Usable(Template { meta, root }))
+                Ok(Found::Usable(Box::new(Template { meta, root })))
             }
             Ok(m) if m.is_dir() => damaged(format!(
                 "its files belong to uid {}, not to this node's uid base {} (copied without keeping owners? `cp -a` keeps them)",
@@ -228,12 +241,17 @@ impl TemplateStore {
                     "template base is composed from this machine's /usr; for the Debian template run `sandbox-gateway template build base --force`",
                 );
             }
-            return Ok(t);
+            return Ok(*t);
         }
         let _lock = self.lock()?;
+        self.base_locked(progress)
+    }
+
+    /// `ensure_base` with the build lock held.
+    fn base_locked(&self, progress: Progress<'_>) -> Result<Template> {
         // Looked at again under the lock: another process may have built it meanwhile.
         let damaged = match self.find("base")? {
-            Found::Usable(t) => return Ok(t),
+            Found::Usable(t) => return Ok(*t),
             Found::Missing => false,
             Found::Damaged(e) => {
                 progress(&format!("{e}: rebuilding it now"));
@@ -282,10 +300,15 @@ impl TemplateStore {
     }
 
     fn build_locked(&self, spec: &BuildSpec, progress: Progress<'_>) -> Result<Template> {
+        if spec.from.is_none()
+            && let Some(recipe) = recipes::find(&spec.name)
+        {
+            return self.build_recipe(recipe, spec, progress);
+        }
         let mut force = spec.force;
         if spec.if_missing {
             match self.find(&spec.name)? {
-                Found::Usable(t) => return Ok(t),
+                Found::Usable(t) => return Ok(*t),
                 Found::Missing => {}
                 // "If missing" means "make sure it is usable": a damaged one is replaced.
                 Found::Damaged(e) => {
@@ -324,21 +347,89 @@ impl TemplateStore {
                         "template {from:?} is composed from the host's /usr and cannot take packages; build it with mmdebstrap first"
                     )));
                 }
+                if spec.packages.is_empty() {
+                    return Err(Error::invalid("--packages names nothing to add"));
+                }
+                let steps = derive::Steps {
+                    apt: spec.packages.clone(),
+                    ..Default::default()
+                };
                 self.install(
                     |staging| {
-                        debian::derive(
-                            &parent,
-                            staging,
-                            &spec.name,
-                            &spec.packages,
-                            self.ids,
-                            progress,
-                        )
+                        derive::derive(&parent, staging, &spec.name, &steps, self.ids, progress)
                     },
                     progress,
                 )
             }
         }
+    }
+
+    /// Builds a built-in recipe on its parent (building `base` first when it is missing).
+    /// "If missing" also rebuilds a template made from another version of the recipe.
+    fn build_recipe(
+        &self,
+        recipe: &recipes::Recipe,
+        spec: &BuildSpec,
+        progress: Progress<'_>,
+    ) -> Result<Template> {
+        if !spec.packages.is_empty() {
+            return Err(Error::invalid(format!(
+                "{} is a built-in recipe and takes no --packages; add them to a template of another name with --from {}",
+                recipe.name, recipe.name
+            )));
+        }
+        let digest = recipe.digest();
+        let mut force = spec.force;
+        if spec.if_missing {
+            match self.find(recipe.name)? {
+                Found::Usable(t) if t.meta.recipe.as_deref() == Some(digest.as_str()) => {
+                    return Ok(*t);
+                }
+                Found::Usable(_) => {
+                    progress(&format!(
+                        "template {} was made from another version of its recipe: rebuilding it",
+                        recipe.name
+                    ));
+                    force = true;
+                }
+                Found::Missing => {}
+                Found::Damaged(e) => {
+                    progress(&format!("{e}: rebuilding it now"));
+                    force = true;
+                }
+            }
+        }
+        self.refuse_existing(recipe.name, force)?;
+        let parent = if recipe.from == "base" {
+            self.base_locked(progress)?
+        } else {
+            self.get(recipe.from)?
+        };
+        if parent.meta.kind == Kind::Host {
+            return Err(Error::invalid(format!(
+                "template {} needs a Debian {} (apt-get install mmdebstrap, then `sandbox-gateway template build {} --force`)",
+                recipe.name, recipe.from, recipe.from
+            )));
+        }
+        progress(recipe.note);
+        self.install(
+            |staging| {
+                let mut meta = derive::derive(
+                    &parent,
+                    staging,
+                    recipe.name,
+                    &recipe.steps(),
+                    self.ids,
+                    progress,
+                )?;
+                meta.aliases = recipe.aliases.iter().map(|a| a.to_string()).collect();
+                meta.services = recipe.services.to_vec();
+                meta.recipe = Some(digest.clone());
+                meta.source = format!("recipe {} on {}", recipe.name, parent.meta.name);
+                Ok(meta)
+            },
+            progress,
+        )
     }
 
     pub fn import(
@@ -497,6 +588,9 @@ fn new_meta(
         source,
         env: BTreeMap::new(),
         workdir: None,
+        aliases: Vec::new(),
+        services: Vec::new(),
+        recipe: None,
     }
 }
 

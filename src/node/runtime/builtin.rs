@@ -276,6 +276,7 @@ impl BuiltinRuntime {
             memory_bytes: tier.memory_bytes,
             slirp4netns: self.slirp4netns.clone(),
             blocked: self.blocked.clone(),
+            services: spec.template.meta.services.clone(),
         }
         .save()?;
         let cg = self

@@ -33,6 +33,8 @@ pub struct BundleSpec<'a> {
     /// The network namespace to join (a holder's, for egress); None gives the sandbox a new,
     /// empty one.
     pub netns: Option<&'a Path>,
+    /// What the sandbox runs beside envd (its template's services).
+    pub services: &'a [crate::sandbox::services::Service],
 }
 
 /// What root inside may hold: the container default that `crate::sandbox::seccomp` keeps for
@@ -90,6 +92,10 @@ pub fn spec(b: &BundleSpec<'_>) -> Result<Spec> {
     ];
     if b.netns.is_some() {
         args.push("--egress".into());
+    }
+    for s in b.services {
+        args.push("--service".into());
+        args.push(s.name().into());
     }
     let caps: oci_spec::runtime::Capabilities = CAPABILITIES.iter().copied().collect();
     let capabilities = LinuxCapabilitiesBuilder::default()
@@ -199,10 +205,14 @@ mod tests {
             memory_bytes: 1 << 29,
             cpu_count: 1,
             netns: None,
+            services: &[crate::sandbox::services::Service::CodeInterpreter],
         })
         .unwrap();
         let json = serde_json::to_value(&s).unwrap();
         let args = json["process"]["args"].as_array().unwrap();
+        let n = args.len();
+        assert_eq!(args[n - 2], "--service");
+        assert_eq!(args[n - 1], "code-interpreter");
         assert_eq!(args[0], "/.sandbox-gateway/lib/ld-linux-x86-64.so.2");
         assert_eq!(args[3], BIN);
         assert!(
@@ -240,6 +250,7 @@ mod tests {
             memory_bytes: 1 << 29,
             cpu_count: 1,
             netns: Some(Path::new("/proc/42/ns/net")),
+            services: &[],
         })
         .unwrap();
         let json = serde_json::to_value(&s).unwrap();

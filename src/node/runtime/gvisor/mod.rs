@@ -392,6 +392,7 @@ impl GvisorRuntime {
             cpu_count: tier.cpu_count,
             // The holder's namespace is filled in at each start.
             netns: egress.then_some(Path::new("/proc/self/ns/net")),
+            services: &spec.template.meta.services,
         })?;
         bundle::write(&dir.join("bundle"), &b)?;
         let cg = self

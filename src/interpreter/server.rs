@@ -1,0 +1,173 @@
+//! The interpreter's state and the decisions the HTTP routes share: which kernel serves a
+//! language, making contexts (within the limit), choosing the context of an execution, and
+//! whether the server is ready (its default contexts are up).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::config::Config;
+use super::contexts::{Context, Registry};
+use super::envs::SandboxEnvs;
+use super::kernel::{KernelSpec, Launch};
+use super::languages;
+
+pub struct Server {
+    pub cfg: Config,
+    pub runtime_dir: PathBuf,
+    pub kernel_env: Vec<(String, String)>,
+    pub envs: SandboxEnvs,
+    pub contexts: Registry,
+    pub started: AtomicBool,
+}
+
+/// Why a request could not be served, with the status it answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    TooMany(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Server {
+    /// The kernelspec for a (normalised) language, or why there is none.
+    fn spec_for(&self, language: &str) -> Result<KernelSpec, Refusal> {
+        if let Some(why) = self.cfg.unavailable.get(language) {
+            return Err(Refusal::Unavailable(format!(
+                "language {language:?} is not available in this sandbox: {why}"
+            )));
+        }
+        let name = self.cfg.kernel_for(language);
+        KernelSpec::find(&self.cfg.data_dirs, &name).ok_or_else(|| {
+            Refusal::BadRequest(format!(
+                "unknown language {language:?}: this sandbox has kernels for {}",
+                self.languages().join(", ")
+            ))
+        })
+    }
+
+    /// The languages this sandbox can run, for messages.
+    pub fn languages(&self) -> Vec<String> {
+        self.cfg
+            .kernels
+            .iter()
+            .filter(|(_, k)| KernelSpec::find(&self.cfg.data_dirs, k).is_some())
+            .map(|(l, _)| l.clone())
+            .collect()
+    }
+
+    fn launch(&self, spec: KernelSpec, cwd: PathBuf) -> Launch {
+        Launch {
+            spec,
+            cwd,
+            runtime_dir: self.runtime_dir.clone(),
+            env: self.kernel_env.clone(),
+            start_timeout: Duration::from_secs(self.cfg.start_timeout_seconds),
+        }
+    }
+
+    /// Makes a context and waits for its kernel. `default` marks it as its language's default
+    /// context (and warms it).
+    pub async fn create(
+        &self,
+        language: Option<&str>,
+        cwd: Option<&str>,
+        default: bool,
+    ) -> Result<Arc<Context>, Refusal> {
+        let language = languages::normalise(language);
+        let spec = self.spec_for(&language)?;
+        let cwd = match cwd.filter(|c| !c.is_empty()) {
+            Some(c) => PathBuf::from(c),
+            None => self.cfg.cwd.clone(),
+        };
+        if !cwd.is_absolute() {
+            return Err(Refusal::BadRequest(format!(
+                "cwd {:?} is not an absolute path",
+                cwd.display()
+            )));
+        }
+        if !Path::new(&cwd).is_dir() {
+            return Err(Refusal::BadRequest(format!(
+                "cwd {:?} is not a directory in this sandbox",
+                cwd.display()
+            )));
+        }
+        if self.contexts.len() >= self.cfg.max_contexts {
+            return Err(Refusal::TooMany(format!(
+                "this sandbox already has {} contexts, the most it keeps (each is a kernel with its own memory); remove one first",
+                self.cfg.max_contexts
+            )));
+        }
+        let warm = if default {
+            self.cfg.warm.get(&language).cloned()
+        } else {
+            None
+        };
+        let id = uuid::Uuid::new_v4().to_string();
+        let ctx = Context::start(id, language.clone(), self.launch(spec, cwd), warm);
+        self.contexts
+            .insert(ctx.clone(), default.then_some(language.as_str()));
+        if let Err(why) = ctx.kernel().await {
+            self.contexts.remove(&ctx.id);
+            ctx.close().await;
+            return Err(Refusal::Failed(format!("Failed to create context: {why}")));
+        }
+        Ok(ctx)
+    }
+
+    /// The default context of `language`, made now if it has none (or it was deleted).
+    pub async fn default_context(&self, language: Option<&str>) -> Result<Arc<Context>, Refusal> {
+        let language = languages::normalise(language);
+        if let Some(c) = self.contexts.default_of(&language) {
+            return Ok(c);
+        }
+        let lock = self.contexts.creation_lock(&language).await;
+        let _held = lock.lock().await;
+        if let Some(c) = self.contexts.default_of(&language) {
+            return Ok(c);
+        }
+        self.create(Some(&language), None, true).await
+    }
+
+    /// The context an execution runs in: by id, by language, or python's default.
+    pub async fn context_for(
+        &self,
+        context_id: Option<&str>,
+        language: Option<&str>,
+    ) -> Result<Arc<Context>, Refusal> {
+        match (context_id, language) {
+            (Some(_), Some(_)) => Err(Refusal::BadRequest(
+                "Only one of context_id or language can be provided".into(),
+            )),
+            (Some(id), None) => self
+                .contexts
+                .get(id)
+                .ok_or_else(|| Refusal::NotFound(format!("Context {id} not found"))),
+            (None, lang) => self.default_context(lang).await,
+        }
+    }
+
+    /// Starts the configured default contexts, in order (python first), then counts as
+    /// started (a default that cannot start is logged, not waited for forever).
+    pub async fn start_defaults(&self) {
+        for lang in &self.cfg.default_contexts {
+            if let Err(e) = self.default_context(Some(lang)).await {
+                tracing::warn!(language = %lang, error = %e, "a default context did not start");
+            }
+        }
+        self.started.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the default contexts have been started (what `/health` waits for).
+    pub fn started(&self) -> bool {
+        self.started.load(Ordering::SeqCst)
+    }
+}
