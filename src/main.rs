@@ -185,6 +185,7 @@ fn interpreter(args: sandbox_gateway::config::InterpreterArgs) -> Result<()> {
         runtime_dir,
         envs_file: args.envs_file,
         kernel_env: std::env::vars().collect(),
+        memory_bytes: None,
     })
 }
 

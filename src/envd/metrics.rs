@@ -165,6 +165,24 @@ fn pct(a_at: Instant, a: CpuReading, b_at: Instant, b: CpuReading, cpu_count: u3
 }
 
 /// One reading. `mem_total` and `cpu_count` are the configured size when given.
+/// The anonymous memory (heaps, stacks; not files mapped in, which processes share and the
+/// kernel can reclaim) of every process this one can see: what the sandbox's programs hold.
+pub fn visible_anonymous() -> u64 {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    rd.flatten()
+        .filter(|d| {
+            d.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|d| std::fs::read_to_string(d.path().join("status")).ok())
+        .filter_map(|s| key_of(&s, "RssAnon:"))
+        .map(|kib| kib * 1024)
+        .sum()
+}
+
 pub fn measure(
     sampler: &mut CpuSampler,
     mem_total: Option<u64>,

@@ -21,8 +21,9 @@ use super::server::Server;
 
 /// A line is written at least this often, so that a client gone away is noticed.
 pub const KEEPALIVE: Duration = Duration::from_secs(5);
-/// Lines that may wait for a slow client before the kernel's stream is held back.
-pub const LINE_BUFFER: usize = 32;
+/// Lines that may wait for a slow client before the kernel's stream is held back (each may
+/// carry a megabyte of output).
+pub const LINE_BUFFER: usize = 8;
 /// How long a kernel has to stop after an interrupt before it is restarted.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
 /// How long the idle status may lag the reply.

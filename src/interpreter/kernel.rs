@@ -226,10 +226,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// IOPub messages of one execution that may wait for its reader; a reader that stops reading
-/// stops the kernel's IOPub stream (the kernel's side then holds or drops), never the server's
-/// memory.
-const IOPUB_BUFFER: usize = 64;
+/// IOPub messages of one execution that may wait for its reader (a kernel's message can be a
+/// megabyte of output); a reader that stops reading stops the kernel's IOPub stream, which
+/// blocks the kernel (see the template's kernels), never grows the server.
+const IOPUB_BUFFER: usize = 4;
 /// How many lines of a kernel's own stderr are kept for error messages.
 const STDERR_TAIL: usize = 20;
 

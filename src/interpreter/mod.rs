@@ -44,6 +44,8 @@ pub struct Options {
     pub envs_file: Option<PathBuf>,
     /// The environment kernels start with.
     pub kernel_env: Vec<(String, String)>,
+    /// The sandbox's memory: a context is refused when the kernels already use it up.
+    pub memory_bytes: Option<u64>,
 }
 
 /// The environment of kernels inside a sandbox: root's, with a plain PATH; the kernelspec and
@@ -98,6 +100,7 @@ async fn serve(opts: Options) -> Result<()> {
         cfg: opts.config,
         runtime_dir: opts.runtime_dir,
         kernel_env: opts.kernel_env,
+        memory_bytes: opts.memory_bytes,
         envs: envs::SandboxEnvs::new(opts.envs_file),
         contexts: Default::default(),
         started: Default::default(),

@@ -13,10 +13,14 @@ use super::envs::SandboxEnvs;
 use super::kernel::{KernelSpec, Launch};
 use super::languages;
 
+/// What a new kernel takes of its own, about (an idle IPython kernel's anonymous memory).
+const CONTEXT_MEMORY: u64 = 64 << 20;
+
 pub struct Server {
     pub cfg: Config,
     pub runtime_dir: PathBuf,
     pub kernel_env: Vec<(String, String)>,
+    pub memory_bytes: Option<u64>,
     pub envs: SandboxEnvs,
     pub contexts: Registry,
     pub started: AtomicBool,
@@ -74,6 +78,31 @@ impl Server {
         }
     }
 
+    /// Whether another context fits: at most the configured number, and only while the
+    /// sandbox's memory has room for another kernel (rather than a kernel the OOM killer
+    /// takes later, with some other context's state).
+    fn admit(&self) -> Result<(), Refusal> {
+        const MIB: u64 = 1 << 20;
+        if self.contexts.len() >= self.cfg.max_contexts {
+            return Err(Refusal::TooMany(format!(
+                "this sandbox already has {} contexts, the most it keeps (each is a kernel with its own memory); remove one first",
+                self.cfg.max_contexts
+            )));
+        }
+        if let Some(total) = self.memory_bytes {
+            let used = crate::envd::metrics::visible_anonymous();
+            if used + CONTEXT_MEMORY > total {
+                return Err(Refusal::TooMany(format!(
+                    "not enough memory for another context: its processes hold {} MiB of this sandbox's {} MiB and a kernel needs about {} MiB; remove a context or use a larger sandbox",
+                    used / MIB,
+                    total / MIB,
+                    CONTEXT_MEMORY / MIB
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Makes a context and waits for its kernel. `default` marks it as its language's default
     /// context (and warms it).
     pub async fn create(
@@ -100,12 +129,7 @@ impl Server {
                 cwd.display()
             )));
         }
-        if self.contexts.len() >= self.cfg.max_contexts {
-            return Err(Refusal::TooMany(format!(
-                "this sandbox already has {} contexts, the most it keeps (each is a kernel with its own memory); remove one first",
-                self.cfg.max_contexts
-            )));
-        }
+        self.admit()?;
         let warm = if default {
             self.cfg.warm.get(&language).cloned()
         } else {

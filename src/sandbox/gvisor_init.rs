@@ -86,7 +86,10 @@ pub fn run(
         // SAFETY: the agent's process ends here.
         unsafe { libc::_exit(code) };
     }
-    super::services::start(services, super::services::Exposure::Socket);
+    super::services::start(services, super::services::Exposure::Socket, memory_bytes);
+    for &service in services {
+        std::thread::spawn(move || bridge(service.port(), service.socket()));
+    }
     // The door opens once envd answers, so that the node's first PING means "ready".
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while UnixStream::connect(ENVD_SOCKET).is_err() && std::time::Instant::now() < deadline {
@@ -238,6 +241,30 @@ impl Write for Inner {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// In-sandbox clients reach a service on its TCP port, as on the built-in runtime (`curl
+/// localhost:49999/health`): the init accepts there with a blocking thread, no event loop
+/// (this gVisor build cannot checkpoint a TCP socket an epoll instance watches), and splices
+/// each connection to the service's socket. Connections made from inside are not the
+/// door's, so a checkpoint leaves them alone.
+fn bridge(port: u16, socket: &'static str) {
+    let listener = match std::net::TcpListener::bind(("0.0.0.0", port)) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("init: listening on port {port}: {e}");
+            return;
+        }
+    };
+    let open: Open = Arc::default();
+    for conn in listener.incoming() {
+        let Ok(tcp) = conn else { continue };
+        // Not up (yet, or again): the client sees its connection closed.
+        let Ok(unix) = UnixStream::connect(socket) else {
+            continue;
+        };
+        splice(unix, Inner::Tcp(tcp), Vec::new(), (open.clone(), 0));
     }
 }
 

@@ -78,7 +78,11 @@ fn setup(spec: &BootSpec, sync: OwnedFd) -> io::Result<i32> {
         // SAFETY: the agent's process ends here.
         unsafe { libc::_exit(code) };
     }
-    super::services::start(&spec.services, super::services::Exposure::Port);
+    super::services::start(
+        &spec.services,
+        super::services::Exposure::Port,
+        spec.memory_bytes,
+    );
     Ok(pid)
 }
 

@@ -5,6 +5,7 @@
 //! init, so nothing is executed from the sandbox's files, and neither is dumpable (the init's
 //! memory holds the node's boot secret).
 
+use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,13 @@ impl Service {
         }
     }
 
+    /// Where it listens in a gVisor sandbox (see `Exposure::Socket`).
+    pub fn socket(self) -> &'static str {
+        match self {
+            Service::CodeInterpreter => crate::interpreter::SOCKET,
+        }
+    }
+
     /// What answers 200 once it is ready to serve.
     pub fn health_path(self) -> &'static str {
         match self {
@@ -37,6 +45,19 @@ impl Service {
             Service::CodeInterpreter => "code-interpreter",
         }
     }
+
+    /// What `ps` and `pkill` call its process inside the sandbox (at most 15 bytes).
+    pub fn process_name(self) -> &'static CStr {
+        match self {
+            Service::CodeInterpreter => c"interpreter",
+        }
+    }
+}
+
+/// Names this process for `ps` (its command line stays the init's).
+fn set_name(name: &CStr) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };
 }
 
 /// How the sandbox reaches a service: gVisor sandboxes serve it on a Unix socket (the
@@ -48,13 +69,14 @@ pub enum Exposure {
 }
 
 /// Starts a keeper for every service; returns at once in the init.
-pub fn start(services: &[Service], exposure: Exposure) {
+/// `memory_bytes` is the sandbox's memory, which services may plan with.
+pub fn start(services: &[Service], exposure: Exposure, memory_bytes: u64) {
     for &service in services {
         // SAFETY: the init is single-threaded when it calls this; the child becomes the keeper
         // and never returns.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            keep(service, exposure);
+            keep(service, exposure, memory_bytes);
         }
         if pid < 0 {
             eprintln!(
@@ -70,8 +92,9 @@ pub fn start(services: &[Service], exposure: Exposure) {
 const HEALTHY_FOR: Duration = Duration::from_secs(60);
 
 /// The keeper: runs the service, waits for it, starts it again. Never returns.
-fn keep(service: Service, exposure: Exposure) -> ! {
+fn keep(service: Service, exposure: Exposure, memory_bytes: u64) -> ! {
     no_secrets_here();
+    set_name(c"keeper");
     let mut deaths = 0u32;
     loop {
         let started = Instant::now();
@@ -80,7 +103,8 @@ fn keep(service: Service, exposure: Exposure) -> ! {
         if pid == 0 {
             // SAFETY: plain prctl; the service ends with its keeper.
             unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
-            let code = run(service, exposure);
+            set_name(service.process_name());
+            let code = run(service, exposure, memory_bytes);
             // SAFETY: the service's process ends here.
             unsafe { libc::_exit(code) };
         }
@@ -115,7 +139,7 @@ fn no_secrets_here() {
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
 }
 
-fn run(service: Service, exposure: Exposure) -> i32 {
+fn run(service: Service, exposure: Exposure, memory_bytes: u64) -> i32 {
     match service {
         Service::CodeInterpreter => {
             use crate::interpreter::{self, Config, Listen, Options};
@@ -128,7 +152,7 @@ fn run(service: Service, exposure: Exposure) -> i32 {
             };
             let listen = match exposure {
                 Exposure::Port => Listen::Tcp(format!("0.0.0.0:{}", interpreter::PORT)),
-                Exposure::Socket => Listen::Unix(interpreter::SOCKET.into()),
+                Exposure::Socket => Listen::Unix(service.socket().into()),
             };
             let opts = Options {
                 listen,
@@ -136,6 +160,7 @@ fn run(service: Service, exposure: Exposure) -> i32 {
                 runtime_dir: interpreter::RUNTIME_DIR.into(),
                 envs_file: Some(interpreter::envs::SANDBOX_ENVS_FILE.into()),
                 kernel_env: interpreter::sandbox_kernel_env(),
+                memory_bytes: Some(memory_bytes),
             };
             match interpreter::run(opts) {
                 Ok(()) => 0,

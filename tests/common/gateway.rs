@@ -118,10 +118,15 @@ impl Gateway {
 
     /// Warm `base` sandboxes the gateway sees, summed over its pools.
     pub async fn warm(&self) -> i64 {
+        self.warm_of("base/").await
+    }
+
+    /// Warm sandboxes of the pools whose key starts with `prefix`, summed.
+    pub async fn warm_of(&self, prefix: &str) -> i64 {
         self.metrics_text()
             .await
             .lines()
-            .filter(|l| l.starts_with("sandbox_gateway_warm_sandboxes{") && l.contains("base"))
+            .filter(|l| l.starts_with(&format!("sandbox_gateway_warm_sandboxes{{pool=\"{prefix}")))
             .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
             .map(|v| v as i64)
             .sum()

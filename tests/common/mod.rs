@@ -21,7 +21,7 @@ pub mod sandbox;
 pub mod scenarios;
 
 #[allow(unused_imports)]
-pub use gateway::{Gateway, KEY_A, KEY_B, Reply, api_keys_file};
+pub use gateway::{Gateway, KEY_A, KEY_B, Reply, api_keys_file, metrics_at};
 #[allow(unused_imports)]
 pub use sandbox::{Ran, SandboxClient};
 
@@ -86,6 +86,54 @@ pub fn templates_dir() -> PathBuf {
             dir
         })
         .clone()
+}
+
+/// `templates_dir()` with the `code-interpreter` template too (built once, a minute or two on
+/// top of `base`; rebuilt when its recipe changed).
+pub fn code_interpreter_templates() -> PathBuf {
+    static READY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    READY
+        .get_or_init(|| {
+            let dir = templates_dir();
+            let status = Command::new(BIN)
+                .args([
+                    "template",
+                    "build",
+                    "code-interpreter",
+                    "--if-missing",
+                    "--templates-dir",
+                ])
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .status()
+                .expect("run `sandbox-gateway template build code-interpreter`");
+            assert!(
+                status.success(),
+                "building the code-interpreter template failed (it needs PyPI, npm and a Debian mirror)"
+            );
+            dir
+        })
+        .clone()
+}
+
+/// The resident memory of a process, in bytes (0 once it is gone).
+pub fn rss_bytes(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The short name (`comm`) of a process.
+pub fn process_name(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 impl Proc {

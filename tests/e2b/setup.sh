@@ -2,11 +2,13 @@
 # Installs the client SDKs that the scenario tests under tests/e2b and tests/kube drive:
 #   $E2B_SDK_DIR/py-2.63.0   venv with e2b==2.63.0 and pytest (v2 create/connect routes)
 #   $E2B_SDK_DIR/py-2.50.0   venv with e2b==2.50.0 and pytest (v1 create/connect routes)
+#   $E2B_SDK_DIR/py-ci-2.11.5  venv with e2b-code-interpreter==2.11.5 (and the e2b it
+#                            requires) and pytest (tests/e2b/py/test_code_interpreter.py)
 #   $E2B_SDK_DIR/py-kube     venv with kubernetes==37.0.2 and pytest (tests/kube/py, the
 #                            Kubernetes client against the sandboxes facade)
 #   $E2B_SDK_DIR/py-schemathesis  venv with schemathesis==4.32.5 (tests/schema_fuzz.rs, the
 #                            schema-driven HTTP fuzzer against both OpenAPI documents)
-#   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0)
+#   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0, @e2b/code-interpreter@2.8.0)
 # Idempotent: work already done is skipped. Quiet on success; on failure the captured output
 # of the failing step is printed.
 set -euo pipefail
@@ -28,17 +30,17 @@ run() {
     fi
 }
 
-# py_venv NAME PACKAGE VERSION: $sdk_dir/NAME, a venv with PACKAGE==VERSION and pytest.
-# PACKAGE is both the distribution and the module it installs (e2b, kubernetes).
+# py_venv NAME PACKAGE VERSION [MODULE]: $sdk_dir/NAME, a venv with PACKAGE==VERSION and
+# pytest. MODULE is what PACKAGE installs [default: PACKAGE, as for e2b and kubernetes].
 py_venv() {
-    local name="$1" package="$2" version="$3"
+    local name="$1" package="$2" version="$3" module="${4:-$2}"
     local venv="$sdk_dir/$name"
     local marker="$venv/.e2b-sdk-ready"
     # The marker records what was installed; the import check catches a venv broken since.
     if [[ -f "$marker" && "$(cat "$marker")" == "$package==$version pytest" ]] &&
         "$venv/bin/python" -c "
 import importlib.metadata as m, sys
-import $package, pytest
+import $module, pytest
 sys.exit(m.version('$package') != '$version')" >/dev/null 2>&1; then
         return 0
     fi
@@ -59,12 +61,13 @@ sys.exit(m.version('$package') != '$version')" >/dev/null 2>&1; then
     fi
     run "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         "$package==$version" pytest
-    run "$venv/bin/python" -c "import $package, pytest"
+    run "$venv/bin/python" -c "import $module, pytest"
     echo "$package==$version pytest" >"$marker"
 }
 
 py_venv py-2.63.0 e2b 2.63.0
 py_venv py-2.50.0 e2b 2.50.0
+py_venv py-ci-2.11.5 e2b-code-interpreter 2.11.5 e2b_code_interpreter
 py_venv py-kube kubernetes 37.0.2
 py_venv py-schemathesis schemathesis 4.32.5
 
