@@ -335,11 +335,11 @@ async fn a_gibibyte_of_output_streams_in_bounded_memory(gw: &Gateway, sb: &str, 
         peaks[1..].iter().max().copied().unwrap_or(0) / MIB
     );
     assert!(grew(0) < 64, "the gateway grew by {} MiB", grew(0));
-    for i in 1..peaks.len() {
+    for peak in &peaks[1..] {
         assert!(
-            peaks[i] < 128 * MIB,
+            *peak < 128 * MIB,
             "an interpreter server reached {} MiB",
-            peaks[i] / MIB
+            peak / MIB
         );
     }
 }
