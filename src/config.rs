@@ -37,7 +37,7 @@ pub enum Command {
     #[command(subcommand)]
     Keys(KeysCommand),
     /// Print the e2b surface's OpenAPI document.
-    Openapi,
+    Openapi(OpenapiArgs),
     /// Print a kubeconfig for kubectl against the Kubernetes API of a local gateway.
     Kubeconfig(KubeconfigArgs),
     /// Build, import and list templates (the root filesystems sandboxes start from).
@@ -154,8 +154,14 @@ fn default_data_dir() -> PathBuf {
 }
 
 /// Warm pools out of the box: `base` with the node's network (what e2b SDKs ask for unless
-/// they turn internet access off) and `base` without a network of its own.
-const DEFAULT_POOLS: [&str; 2] = ["base/egress=2", "base=2"];
+/// they turn internet access off), `base` without a network of its own, and one sandbox of
+/// `code-interpreter` (what `e2b-code-interpreter` asks for) at the template's own size, its
+/// kernels started (the template is built in the background on first start).
+const DEFAULT_POOLS: [&str; 3] = [
+    "base/egress=2",
+    "base=2",
+    "code-interpreter/egress/medium=1",
+];
 
 /// A positive, finite number of seconds (fractions allowed), e.g. "15" or "0.5".
 fn parse_seconds(s: &str) -> Result<Duration, String> {
@@ -471,6 +477,13 @@ pub struct AgentArgs {
     /// Default working directory for commands and relative paths [default: the user's home].
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct OpenapiArgs {
+    /// The code interpreter's (port 49999 of code-interpreter sandboxes) instead.
+    #[arg(long)]
+    pub interpreter: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -346,8 +346,12 @@ fn main() -> ExitCode {
             init_logging("warn");
             template_command(t)
         }
-        Command::Openapi => {
-            print!("{}", sandbox_gateway::e2b::openapi::document_json());
+        Command::Openapi(o) => {
+            if o.interpreter {
+                print!("{}", sandbox_gateway::interpreter::openapi::document_json());
+            } else {
+                print!("{}", sandbox_gateway::e2b::openapi::document_json());
+            }
             Ok(())
         }
     };

@@ -1,7 +1,7 @@
 //! e2b's Code Interpreter through the gateway, on real sandboxes of the `code-interpreter`
 //! template with real kernels:
 //! - the unmodified SDKs with their defaults: Python `e2b-code-interpreter` 2.11.5 (sync and
-//!   async, tests/e2b/py/test_code_interpreter.py) and JS `@e2b/code-interpreter` 2.8.0
+//!   async, tests/e2b/py/code_interpreter_scenarios.py) and JS `@e2b/code-interpreter` 2.8.0
 //!   (tests/e2b/js/code_interpreter.mjs), on the built-in runtime by `E2B_SANDBOX_URL` and in the
 //!   domain mode (TLS, `https://49999-{id}.{domain}`), and on gVisor, where pause, snapshot
 //!   and fork keep the kernels' state;
@@ -34,7 +34,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 fn pytest(env: &[(&str, String)], plugins: &[&str]) {
     scenarios::pytest(
         "ci-2.11.5",
-        &["test_code_interpreter.py"],
+        &["code_interpreter_scenarios.py"],
         plugins,
         env,
         ALLOWED_SKIPS,
@@ -69,9 +69,9 @@ async fn gateway(tmp: &Path, extra: &[&str]) -> Gateway {
     code_interpreter_templates();
     let mut args = vec![
         "--pool",
-        "code-interpreter/egress=2",
+        "code-interpreter/egress/medium=2",
         "--pool",
-        "code-interpreter=1",
+        "code-interpreter/none/medium=1",
     ];
     args.extend_from_slice(extra);
     let gw = Gateway::start(tmp, &args);
@@ -479,7 +479,7 @@ async fn the_sdks_run_code_in_the_domain_mode() {
         "--api-keys".into(),
         keys.display().to_string(),
         "--pool".into(),
-        "code-interpreter/egress=2".into(),
+        "code-interpreter/egress/medium=2".into(),
         "--e2b-tls".into(),
         "--e2b-domain".into(),
         domain.into(),

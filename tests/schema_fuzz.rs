@@ -5,11 +5,12 @@
 //! document's OpenAPI links (src/e2b/openapi.rs) through sequences of calls on real sandboxes
 //! and snapshots: create, then get, time out, pause, connect, fork, snapshot, list, delete,
 //! with the ids the responses returned; there `use_after_free` also fails a deleted sandbox or
-//! snapshot that still answers 2xx. Bounded for CI: `SCHEMA_FUZZ_SECONDS` (default 40 per
-//! document, three documents), `SCHEMA_FUZZ_STATEFUL_SECONDS` (default 30) and
-//! `SCHEMA_FUZZ_EXAMPLES` (default 20 per operation) make it longer, `SCHEMA_FUZZ_SEED` replays
-//! a run. The `fuzz-figure` lines are what `tests/reliability.sh fuzz`
-//! collects.
+//! snapshot that still answers 2xx. A second test sends `openapi/interpreter.json` (the Code
+//! Interpreter on port 49999) to a real code-interpreter sandbox through the data plane.
+//! Bounded for CI: `SCHEMA_FUZZ_SECONDS` (default 40 per document, four documents),
+//! `SCHEMA_FUZZ_STATEFUL_SECONDS` (default 30) and `SCHEMA_FUZZ_EXAMPLES` (default 20 per
+//! operation) make it longer, `SCHEMA_FUZZ_SEED` replays a run. The `fuzz-figure` lines are
+//! what `tests/reliability.sh fuzz` collects.
 
 mod common;
 
@@ -18,7 +19,13 @@ use std::process::Command;
 use std::time::Instant;
 
 use common::kube_gateway::{KEY_ADMIN, KEY_TEAM_A, KubeGateway};
-use common::{assert_no_leaks, ensure_sdks, repo, sdk_dir, workspace};
+use common::{
+    Gateway, KEY_A, assert_no_leaks, code_interpreter_templates, ensure_sdks, repo, sdk_dir,
+    workspace,
+};
+
+/// One run at a time: both runs load both cores, and each has request timeouts to keep.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -205,6 +212,7 @@ fn run_once(name: &str, cmd: &mut Command) -> Run {
 // the last thing it prints (a panic's backtrace would come after it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_server_errors_for_generated_requests() -> Result<(), String> {
+    let _one = ONE_AT_A_TIME.lock().await;
     ensure_sdks();
     let (tmp, _) = workspace();
     let mut gw = KubeGateway::start(tmp.path(), &[]);
@@ -299,6 +307,81 @@ async fn no_server_errors_for_generated_requests() -> Result<(), String> {
     // Whatever the generated requests created is gone with the gateway.
     gw.proc.terminate();
     assert_no_leaks(tmp.path(), &[gw.sandboxes_dir()]).await;
+    Ok(())
+}
+
+/// The Code Interpreter's document (`openapi/interpreter.json`), sent to port 49999 of a real
+/// code-interpreter sandbox through the gateway's data plane as the SDKs reach it: generated
+/// contexts, restarts, deletes and executions whose generated code real kernels run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_server_errors_from_the_code_interpreter() -> Result<(), String> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    ensure_sdks();
+    code_interpreter_templates();
+    let (tmp, _) = workspace();
+    let mut gw = Gateway::start(tmp.path(), &["--pool", "code-interpreter/none/medium=1"]);
+    let mut warm = 0;
+    for _ in 0..1800 {
+        warm = gw.warm_of("code-interpreter/").await;
+        if warm == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        warm, 1,
+        "the code-interpreter pool did not fill within 3 minutes"
+    );
+    let sb = gw
+        .create(
+            KEY_A,
+            serde_json::json!({"templateID": "code-interpreter", "timeout": 900, "allowInternetAccess": false}),
+        )
+        .await;
+    let id = sb["sandboxID"].as_str().expect("a sandbox id").to_string();
+    let report = tmp.path().join("schemathesis");
+    std::fs::create_dir_all(&report).unwrap();
+    let args = [
+        "--header".to_string(),
+        format!("E2b-Sandbox-Id: {id}"),
+        "--header".to_string(),
+        "E2b-Sandbox-Port: 49999".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let doc = repo().join("openapi/interpreter.json");
+    let run = schemathesis(
+        "interpreter",
+        Phases::Operations,
+        &doc,
+        &gw.url,
+        &args,
+        &report,
+    );
+    if !run.ok() {
+        eprintln!(
+            "schemathesis failed on interpreter (exit {:?}):\n{}\n",
+            run.code,
+            run.what_failed()
+        );
+        return Err("schemathesis failed on interpreter".into());
+    }
+    // The sandbox still runs code after all of it.
+    let after = gw
+        .http
+        .post(format!("{}/execute", gw.url))
+        .header("E2b-Sandbox-Id", &id)
+        .header("E2b-Sandbox-Port", "49999")
+        .json(&serde_json::json!({"code": "6 * 7"}))
+        .send()
+        .await
+        .map_err(|e| format!("execute after the run: {e}"))?
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(after.contains(r#""text":"42""#), "after the run: {after}");
+    assert_eq!(gw.kill(KEY_A, &id).await, reqwest::StatusCode::NO_CONTENT);
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
     Ok(())
 }
 

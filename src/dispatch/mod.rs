@@ -243,6 +243,10 @@ impl Dispatcher {
         if let Some(name) = routing::canonical_template(&up, &req.key.template) {
             req.key.template = name;
         }
+        if req.key.size_unset() {
+            req.key.size = routing::template_size(&up, &req.key.template)
+                .unwrap_or_else(|| model::pool::DEFAULT_SIZE.to_string());
+        }
         if up.is_empty() {
             return Err(Error::unavailable("no node is reachable"));
         }

@@ -27,6 +27,19 @@ pub fn canonical_template(nodes: &[Arc<NodeHandle>], asked: &str) -> Option<Stri
     })
 }
 
+/// The size a template's sandboxes have when a create names none (the code interpreter's
+/// kernels need more than the smallest tier), as the first node that describes it says.
+pub fn template_size(nodes: &[Arc<NodeHandle>], template: &str) -> Option<String> {
+    nodes.iter().find_map(|h| {
+        h.info()?
+            .template_info
+            .into_iter()
+            .find(|t| t.name == template)
+            .map(|t| t.size)
+            .filter(|s| !s.is_empty())
+    })
+}
+
 /// Removes and returns the next node to try from `candidates`.
 pub fn take_next(candidates: &mut Vec<Arc<NodeHandle>>, key: &PoolKey) -> Option<Arc<NodeHandle>> {
     match candidates.len() {
@@ -90,6 +103,7 @@ mod tests {
             template_info: vec![crate::model::TemplateInfo {
                 name: "base".into(),
                 aliases: vec!["base-v1".into()],
+                size: "medium".into(),
                 ..Default::default()
             }],
             boundary: String::new(),
@@ -112,6 +126,8 @@ mod tests {
         );
         assert_eq!(canonical_template(&nodes, "other"), None, "unknown");
         assert_eq!(canonical_template(&[], "base-v1"), None);
+        assert_eq!(template_size(&nodes, "base").as_deref(), Some("medium"));
+        assert_eq!(template_size(&nodes, "other"), None);
     }
 
     #[tokio::test]

@@ -158,7 +158,7 @@ async fn create(
             .claim_from_checkpoint(&template, &prefix, claim(base))
             .await?
     } else {
-        let key = PoolKey::new(&template, net, "")
+        let key = PoolKey::template_sized(&template, net)
             .map_err(|e| ApiError::bad_request(format!("templateID: {}", e.message)))?;
         e2b.dispatcher.claim(claim(key)).await.map_err(|e| {
             if e.kind == model::ErrorKind::NotFound {

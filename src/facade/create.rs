@@ -98,8 +98,9 @@ pub fn memory_bytes(q: &str) -> Option<u64> {
     (v.is_finite() && v >= 0.0).then_some((v * factor) as u64)
 }
 
-/// The size tier the first container asks for (requests, else limits).
-fn size(container: &Value) -> KubeResult<&'static str> {
+/// The size tier the first container asks for (requests, else limits); None when it asks
+/// for nothing, which leaves the template's own size.
+fn size(container: &Value) -> KubeResult<Option<&'static str>> {
     let resources = &container["resources"];
     let pick = |what: &str| {
         resources["requests"][what]
@@ -109,24 +110,28 @@ fn size(container: &Value) -> KubeResult<&'static str> {
             .or_else(|| resources["limits"][what].as_str().map(str::to_string))
             .or_else(|| resources["limits"][what].as_f64().map(|f| f.to_string()))
     };
-    let cpu = match pick("cpu") {
+    let (cpu, mem) = (pick("cpu"), pick("memory"));
+    if cpu.is_none() && mem.is_none() {
+        return Ok(None);
+    }
+    let cpu = match cpu {
         Some(q) => cpu_millis(&q)
             .ok_or_else(|| KubeError::bad_request(format!("invalid cpu quantity {q:?}")))?,
         None => 0,
     };
-    let mem = match pick("memory") {
+    let mem = match mem {
         Some(q) => memory_bytes(&q)
             .ok_or_else(|| KubeError::bad_request(format!("invalid memory quantity {q:?}")))?,
         None => 0,
     };
     const GI: u64 = 1 << 30;
-    Ok(if cpu > 4000 || mem > 8 * GI {
+    Ok(Some(if cpu > 4000 || mem > 8 * GI {
         "large"
     } else if cpu > 1000 || mem > 2 * GI {
         "medium"
     } else {
         "small"
-    })
+    }))
 }
 
 /// The lease in seconds: `spec.shutdownTime` (rounded up), else the ttl annotation, else 0
@@ -313,7 +318,11 @@ pub fn check(body: &[u8], namespace: &str, validation: Option<&str>) -> KubeResu
         .or_else(|| pod_annotations.get(keys::NET))
         .cloned()
         .unwrap_or_default();
-    let key = PoolKey::new(&template, &net, size(&container)?).map_err(|e| {
+    let key = match size(&container)? {
+        Some(size) => PoolKey::new(&template, &net, size),
+        None => PoolKey::template_sized(&template, &net),
+    }
+    .map_err(|e| {
         KubeError::bad_request(format!(
             "{} (the first container's image names the sandbox template)",
             e.message
@@ -436,7 +445,8 @@ mod tests {
             "rounded up: {}",
             c.claim.ttl_seconds
         );
-        assert_eq!(c.claim.key, PoolKey::base());
+        // No resources asked for: the template's own size, which the dispatcher fills in.
+        assert_eq!(c.claim.key, PoolKey::template_sized("base", "").unwrap());
         let past = (Utc::now() - chrono::TimeDelta::seconds(5)).to_rfc3339();
         let e = check(
             &body(sandbox(json!({"shutdownTime": past}), json!({"name": "a"}))),

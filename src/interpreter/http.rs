@@ -87,7 +87,10 @@ async fn not_found() -> Response {
     text(StatusCode::NOT_FOUND, "Not Found")
 }
 
-async fn health(State(server): State<Arc<Server>>) -> Response {
+#[utoipa::path(get, path = "/health", tag = "interpreter", responses(
+    (status = 200, description = "the default contexts are up", body = String, example = json!("OK")),
+    (status = 503, description = "starting", content_type = "text/plain")))]
+pub async fn health(State(server): State<Arc<Server>>) -> Response {
     if server.started() {
         axum::Json("OK").into_response()
     } else {
@@ -218,7 +221,13 @@ fn execute_body(body: &Bytes) -> Result<ExecuteBody, Invalid> {
     })
 }
 
-async fn execute(State(server): State<Arc<Server>>, body: Bytes) -> Response {
+#[utoipa::path(post, path = "/execute", tag = "interpreter", request_body = super::openapi::ExecuteRequest, responses(
+    (status = 200, description = "the run's lines, streamed as they come", content_type = "application/x-ndjson", body = String),
+    (status = 400, description = "context_id and language both, an unknown language, a bad variable name", content_type = "text/plain", body = String),
+    (status = 404, description = "no such context", content_type = "text/plain", body = String),
+    (status = 422, description = "a body that does not fit"),
+    (status = 429, description = "the language's default context had to be made and no more fit", content_type = "text/plain", body = String)))]
+pub async fn execute(State(server): State<Arc<Server>>, body: Bytes) -> Response {
     let req = match execute_body(&body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -258,7 +267,12 @@ fn context_json(c: &super::contexts::Context) -> Value {
     json!({"id": c.id, "language": c.language, "cwd": c.cwd.to_string_lossy()})
 }
 
-async fn create_context(State(server): State<Arc<Server>>, body: Bytes) -> Response {
+#[utoipa::path(post, path = "/contexts", tag = "contexts", request_body = super::openapi::CreateContext, responses(
+    (status = 200, body = super::openapi::Context),
+    (status = 400, description = "an unknown language, a cwd that is not a directory", content_type = "text/plain", body = String),
+    (status = 422, description = "a body that does not fit"),
+    (status = 429, description = "no more contexts fit", content_type = "text/plain", body = String)))]
+pub async fn create_context(State(server): State<Arc<Server>>, body: Bytes) -> Response {
     let parsed = object(&body).and_then(|m| {
         Ok((
             optional_string(&m, "language")?,
@@ -278,7 +292,9 @@ async fn create_context(State(server): State<Arc<Server>>, body: Bytes) -> Respo
     }
 }
 
-async fn list_contexts(State(server): State<Arc<Server>>) -> Response {
+#[utoipa::path(get, path = "/contexts", tag = "contexts", responses(
+    (status = 200, description = "in the order they were made", body = [super::openapi::Context])))]
+pub async fn list_contexts(State(server): State<Arc<Server>>) -> Response {
     let list: Vec<Value> = server
         .contexts
         .list()
@@ -288,7 +304,13 @@ async fn list_contexts(State(server): State<Arc<Server>>) -> Response {
     axum::Json(list).into_response()
 }
 
-async fn restart_context(State(server): State<Arc<Server>>, Path(id): Path<String>) -> Response {
+#[utoipa::path(post, path = "/contexts/{id}/restart", tag = "contexts", params(("id" = String, Path)), responses(
+    (status = 200, description = "a new kernel, same id, language and cwd; JSON null"),
+    (status = 404, description = "no such context", content_type = "text/plain", body = String)))]
+pub async fn restart_context(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+) -> Response {
     let Some(ctx) = server.contexts.get(&id) else {
         return text(StatusCode::NOT_FOUND, format!("Context {id} not found"));
     };
@@ -301,7 +323,10 @@ async fn restart_context(State(server): State<Arc<Server>>, Path(id): Path<Strin
     }
 }
 
-async fn remove_context(State(server): State<Arc<Server>>, Path(id): Path<String>) -> Response {
+#[utoipa::path(delete, path = "/contexts/{id}", tag = "contexts", params(("id" = String, Path)), responses(
+    (status = 200, description = "its kernel ended; JSON null"),
+    (status = 404, description = "no such context", content_type = "text/plain", body = String)))]
+pub async fn remove_context(State(server): State<Arc<Server>>, Path(id): Path<String>) -> Response {
     let Some(ctx) = server.contexts.remove(&id) else {
         return text(StatusCode::NOT_FOUND, format!("Context {id} not found"));
     };

@@ -47,6 +47,9 @@ pub struct KernelSpec {
     pub env: BTreeMap<String, String>,
     pub language: String,
     pub interrupt: Interrupt,
+    /// Unix sockets, unless the kernel can only speak TCP (its kernelspec's metadata says
+    /// `"sandbox-gateway": {"transport": "tcp"}`).
+    pub tcp: bool,
 }
 
 #[derive(Deserialize)]
@@ -58,6 +61,8 @@ struct SpecFile {
     interrupt_mode: Option<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    metadata: serde_json::Value,
 }
 
 impl KernelSpec {
@@ -81,6 +86,7 @@ impl KernelSpec {
                     tracing::warn!(kernel = name, error = %e, "kernel.json does not parse");
                 })
                 .ok()?;
+            let tcp = file.metadata["sandbox-gateway"]["transport"] == "tcp";
             (!file.argv.is_empty()).then(|| KernelSpec {
                 name: name.to_string(),
                 dir,
@@ -91,6 +97,7 @@ impl KernelSpec {
                     Some("message") => Interrupt::Message,
                     _ => Interrupt::Signal,
                 },
+                tcp,
             })
         })
     }
@@ -244,7 +251,7 @@ impl Kernel {
         // never dialled again by a client of the old one.
         let run = crate::model::ids::random_hex(6);
         let socket_prefix = launch.runtime_dir.join(format!("k-{run}"));
-        let info = ConnectionInfo {
+        let mut info = ConnectionInfo {
             ip: socket_prefix.to_string_lossy().to_string(),
             transport: Transport::IPC,
             shell_port: 1,
@@ -257,6 +264,18 @@ impl Kernel {
             kernel_name: Some(launch.spec.name.clone()),
         };
         remove_sockets(&socket_prefix);
+        if launch.spec.tcp {
+            let ports = free_loopback_ports().map_err(|e| fail(format!("finding ports: {e}")))?;
+            info.ip = "127.0.0.1".into();
+            info.transport = Transport::TCP;
+            [
+                info.shell_port,
+                info.iopub_port,
+                info.stdin_port,
+                info.control_port,
+                info.hb_port,
+            ] = ports;
+        }
         let conn_file = launch.runtime_dir.join(format!("kernel-{id}-{run}.json"));
         let json = serde_json::to_vec(&info).map_err(|e| fail(e.to_string()))?;
         crate::fsx::write_atomic(&conn_file, &json)
@@ -610,8 +629,20 @@ type Connected = (
     jupyter_zmq_client::ClientStdinConnection,
 );
 
+/// Five loopback ports free a moment ago (for a kernel that speaks TCP).
+fn free_loopback_ports() -> std::io::Result<[u16; 5]> {
+    let listeners = (0..5)
+        .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0u16; 5];
+    for (p, l) in ports.iter_mut().zip(&listeners) {
+        *p = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
 /// Connects once the kernel has made its sockets (a Unix socket cannot be dialled before it
-/// exists, so this polls).
+/// exists, and a TCP port refuses until it listens, so this polls).
 async fn connect(
     info: &ConnectionInfo,
     prefix: &Path,
@@ -625,10 +656,11 @@ async fn connect(
         if let Some(exit) = exited.borrow().clone() {
             return Err(format!("the kernel ended at start ({})", exit.0));
         }
-        let ready = [1, 2, 3, 4].iter().all(|p| {
-            std::fs::metadata(format!("{}-{p}", prefix.display()))
-                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-        });
+        let ready = info.transport == Transport::TCP
+            || [1, 2, 3, 4].iter().all(|p| {
+                std::fs::metadata(format!("{}-{p}", prefix.display()))
+                    .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            });
         if ready {
             let attempt = async {
                 let identity = peer_identity_for_session(&session).map_err(|e| e.to_string())?;
@@ -654,7 +686,7 @@ async fn connect(
                 Err(_) => last = "connecting timed out".into(),
             }
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(if ready { 50 } else { 5 })).await;
     }
     Err(format!(
         "the kernel did not open its sockets within {} s ({last})",
@@ -744,7 +776,8 @@ mod tests {
         std::fs::create_dir_all(&m).unwrap();
         std::fs::write(
             m.join("kernel.json"),
-            r#"{"argv": ["k", "{connection_file}", "{resource_dir}"], "language": "bash", "interrupt_mode": "message"}"#,
+            r#"{"argv": ["k", "{connection_file}", "{resource_dir}"], "language": "bash", "interrupt_mode": "message",
+                "metadata": {"sandbox-gateway": {"transport": "tcp"}}}"#,
         )
         .unwrap();
         std::fs::create_dir_all(d.path().join("kernels/broken")).unwrap();
@@ -759,8 +792,10 @@ mod tests {
             argv(&py, Path::new("/run/k.json")),
             ["python3", "-m", "ipykernel_launcher", "-f", "/run/k.json"]
         );
+        assert!(!py.tcp);
         let msg = KernelSpec::find(&dirs, "msg").unwrap();
         assert_eq!(msg.interrupt, Interrupt::Message);
+        assert!(msg.tcp);
         assert_eq!(
             argv(&msg, Path::new("/c.json"))[2],
             m.to_string_lossy().to_string()

@@ -12,6 +12,7 @@ mod execute;
 mod http;
 mod kernel;
 pub mod languages;
+pub mod openapi;
 pub mod output;
 mod server;
 

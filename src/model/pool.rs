@@ -119,6 +119,20 @@ impl PoolKey {
         })
     }
 
+    /// A key whose size is the template's own (its default size; `small` when it names
+    /// none), for creates that ask for no size: the dispatcher fills it in from what the nodes
+    /// say of the template.
+    pub fn template_sized(template: &str, net: &str) -> Result<Self> {
+        let mut key = PoolKey::new(template, net, DEFAULT_SIZE)?;
+        key.size.clear();
+        Ok(key)
+    }
+
+    /// Whether the size is still the template's to say (see `template_sized`).
+    pub fn size_unset(&self) -> bool {
+        self.size.is_empty()
+    }
+
     pub fn base() -> Self {
         PoolKey {
             template: "base".into(),
@@ -200,5 +214,14 @@ mod tests {
         assert_eq!(t.key.size, "medium");
         assert!("base".parse::<PoolTarget>().is_err());
         assert!("base=-1".parse::<PoolTarget>().is_err());
+        let t = PoolKey::template_sized("code-interpreter", "egress").unwrap();
+        assert!(t.size_unset() && t.net == "egress");
+        assert_eq!(
+            t.tier().name,
+            "small",
+            "unresolved, it sizes as the default"
+        );
+        assert!(PoolKey::template_sized("../x", "").is_err());
+        assert!(!PoolKey::base().size_unset());
     }
 }

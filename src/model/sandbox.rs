@@ -327,6 +327,8 @@ pub struct TemplateInfo {
     pub created_at: Option<DateTime<Utc>>,
     /// Other names the template answers to.
     pub aliases: Vec<String>,
+    /// The size its sandboxes have when a create names none ("" = the smallest).
+    pub size: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

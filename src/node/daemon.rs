@@ -199,7 +199,6 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
     let store = TemplateStore::new(&paths.templates, node_cfg.ids)?;
     let progress = |line: &str| println!("{line}");
     tokio::task::block_in_place(|| store.ensure_base(&progress))?;
-    build_recipes_in_background(&store, &node_cfg.pools);
     let runtime = pick_runtime(&node_cfg, &paths, cfg.agent)?;
     println!("runtime {}", runtime.describe());
     if runtime.offers_egress() && !runtime.enforces_egress() {
@@ -216,7 +215,10 @@ pub async fn start(cfg: DaemonConfig) -> Result<RunningNode> {
             );
         }
     }
+    let recipes = node_cfg.pools.clone();
     let node = Node::open(node_cfg, runtime, lock).await?;
+    // After the node cleaned the templates directory (which waits for builds under way).
+    build_recipes_in_background(&store, &recipes);
     tokio::spawn(
         node.clone()
             .serve_data_plane(data_listener, cfg.token.clone()),

@@ -599,6 +599,7 @@ impl<R: Runtime> Node<R> {
                     source: t.meta.source.clone(),
                     created_at: Some(t.meta.created_at),
                     aliases: t.meta.aliases.clone(),
+                    size: t.meta.size.clone().unwrap_or_default(),
                 })
                 .collect(),
             data_address: cfg.data_address.clone(),

@@ -333,6 +333,7 @@ impl From<&model::NodeInfo> for super::NodeInfo {
                     source: t.source.clone(),
                     created_at_ms: t.created_at.map(to_ms).unwrap_or(0),
                     aliases: t.aliases.clone(),
+                    size: t.size.clone(),
                 })
                 .collect(),
             boundary: i.boundary.clone(),
@@ -399,6 +400,7 @@ impl From<super::NodeInfo> for model::NodeInfo {
                     kind: t.kind,
                     source: t.source,
                     aliases: t.aliases,
+                    size: t.size,
                 })
                 .collect(),
             boundary: i.boundary,

@@ -212,8 +212,10 @@ pub fn derive(
     meta.packages.extend(steps.apt.iter().cloned());
     meta.env = parent.meta.env.clone();
     meta.workdir = parent.meta.workdir.clone();
-    // Its sandboxes run what the parent's do (the services' files came with the copy).
+    // Its sandboxes run what the parent's do (the services' files came with the copy), and
+    // need what the parent's need.
     meta.services = parent.meta.services.clone();
+    meta.size = parent.meta.size.clone();
     Ok(meta)
 }
 

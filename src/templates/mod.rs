@@ -68,6 +68,9 @@ pub struct TemplateMeta {
     /// What its sandboxes run beside envd, and wait for before they count as ready.
     #[serde(default)]
     pub services: Vec<crate::sandbox::services::Service>,
+    /// The size tier of its sandboxes when a create names none (the smallest when unset).
+    #[serde(default)]
+    pub size: Option<String>,
     /// A digest of what the template was built from (its recipe), so that a build "if
     /// missing" also rebuilds one made from another recipe.
     #[serde(default)]
@@ -139,12 +142,17 @@ impl TemplateStore {
     }
 
     fn lock(&self) -> Result<BuildLock> {
+        self.lock_file(".lock")
+    }
+
+    /// An exclusive lock on `name` in the templates directory, held while the answer lives.
+    fn lock_file(&self, name: &str) -> Result<BuildLock> {
         use std::os::fd::AsRawFd;
         let f = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(self.dir.join(".lock"))
+            .open(self.dir.join(name))
             .map_err(io("opening the templates lock"))?;
         // SAFETY: flock on a descriptor we own; blocks until other builders are done.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -424,6 +432,7 @@ impl TemplateStore {
                 )?;
                 meta.aliases = recipe.aliases.iter().map(|a| a.to_string()).collect();
                 meta.services = recipe.services.to_vec();
+                meta.size = recipe.size.map(str::to_string);
                 meta.recipe = Some(digest.clone());
                 meta.source = format!("recipe {} on {}", recipe.name, parent.meta.name);
                 Ok(meta)
@@ -515,7 +524,8 @@ impl TemplateStore {
         if current(&stamp) && plain.is_dir() {
             return Ok(plain);
         }
-        let _lock = self.lock()?;
+        // A lock of its own: a build of another template (minutes) must not hold up boots.
+        let _lock = self.lock_file(&format!(".plain-{}.lock", t.meta.name))?;
         if current(&stamp) && plain.is_dir() {
             return Ok(plain);
         }
@@ -590,6 +600,7 @@ fn new_meta(
         workdir: None,
         aliases: Vec::new(),
         services: Vec::new(),
+        size: None,
         recipe: None,
     }
 }

@@ -20,6 +20,8 @@ pub struct Recipe {
     pub files: &'static [File],
     pub commands: &'static [&'static str],
     pub services: &'static [Service],
+    /// The size tier of its sandboxes when a create names none.
+    pub size: Option<&'static str>,
     /// What people are told to expect while it builds.
     pub note: &'static str,
 }
@@ -61,6 +63,7 @@ impl Recipe {
         for a in self.aliases {
             put(a.as_bytes());
         }
+        put(self.size.unwrap_or_default().as_bytes());
         let d = h.finalize();
         d.iter().take(12).map(|b| format!("{b:02x}")).collect()
     }

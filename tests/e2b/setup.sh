@@ -3,7 +3,7 @@
 #   $E2B_SDK_DIR/py-2.63.0   venv with e2b==2.63.0 and pytest (v2 create/connect routes)
 #   $E2B_SDK_DIR/py-2.50.0   venv with e2b==2.50.0 and pytest (v1 create/connect routes)
 #   $E2B_SDK_DIR/py-ci-2.11.5  venv with e2b-code-interpreter==2.11.5 (and the e2b it
-#                            requires) and pytest (tests/e2b/py/test_code_interpreter.py)
+#                            requires) and pytest (tests/e2b/py/code_interpreter_scenarios.py)
 #   $E2B_SDK_DIR/py-kube     venv with kubernetes==37.0.2 and pytest (tests/kube/py, the
 #                            Kubernetes client against the sandboxes facade)
 #   $E2B_SDK_DIR/py-schemathesis  venv with schemathesis==4.32.5 (tests/schema_fuzz.rs, the

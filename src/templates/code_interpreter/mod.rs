@@ -1,6 +1,6 @@
 //! The `code-interpreter` recipe: `base` plus real Jupyter kernels for e2b's Code Interpreter
-//! (IPython with the data stack people expect, R with IRkernel, bash, and this project's
-//! JavaScript/TypeScript kernel on Node.js), the kernel-side files that shape their results,
+//! (IPython with the data stack people expect, R with IRkernel, bash, Java with jjava, and
+//! this project's JavaScript/TypeScript kernel on Node.js), the kernel-side files that shape their results,
 //! and the configuration the sandbox's interpreter server reads. Everything the kernels run is
 //! in the files beside this module; this module only says where each goes.
 
@@ -59,6 +59,10 @@ const FILES: &[File] = &[
         include_str!("kernels/bash.json"),
     ),
     file(
+        "/usr/local/share/jupyter/kernels/java/kernel.json",
+        include_str!("kernels/java.json"),
+    ),
+    file(
         "/opt/sandbox-gateway/js-kernel/kernel.js",
         include_str!("js-kernel/kernel.js"),
     ),
@@ -89,13 +93,17 @@ pub const RECIPE: Recipe = Recipe {
         "python-is-python3",
         "r-base-core",
         "r-cran-irkernel",
+        "openjdk-17-jdk-headless",
         "fonts-wqy-microhei",
     ],
     pip: Some(include_str!("requirements.txt")),
     files: FILES,
     commands: COMMANDS,
     services: &[Service::CodeInterpreter],
-    note: "the code-interpreter template (Python with its data stack, R, JavaScript/TypeScript and bash kernels) downloads about 250 MB and takes several minutes to build",
+    // Its kernels (Python with its imports warm, Node.js, and R or Java when used) need more
+    // than the smallest tier's 512 MiB.
+    size: Some("medium"),
+    note: "the code-interpreter template (Python with its data stack, R, JavaScript/TypeScript, bash and Java kernels) downloads about 350 MB and takes a few minutes to build",
 };
 
 #[cfg(test)]

@@ -99,6 +99,8 @@ scenario('javascript, typescript, r and bash', async () => {
   assert.deepEqual((await sbx.runCode('print("Hello, World!")', { language: 'r' })).logs.stdout, ['[1] "Hello, World!"\n'])
   assert.deepEqual((await sbx.runCode('echo Hello', { language: 'bash' })).logs.stdout, ['Hello\n'])
   assert.equal((await sbx.runCode('process.cwd()', { language: 'ts' })).text, '/home/user')
+  const java = await sbx.runCode('System.out.println("Hello, World!")', { language: 'java' })
+  assert.equal(java.logs.stdout.join(''), 'Hello, World!\n')
 })
 
 scenario('contexts', async () => {
@@ -119,7 +121,7 @@ scenario('contexts', async () => {
   // The SDK's own call with the context and language in the wrong place sends an object as
   // `code`; the server refuses it (422) rather than running something.
   await rejects(sbx.runCode({ context: ctx, language: 'python' }), SandboxError, 'an object as code')
-  await rejects(sbx.runCode('1', { language: 'java' }), SandboxError, 'java')
+  await rejects(sbx.runCode('1', { language: 'cobol' }), SandboxError, 'an unknown language')
 })
 
 scenario('env vars per run and per sandbox', async () => {

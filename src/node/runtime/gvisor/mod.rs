@@ -368,7 +368,7 @@ impl GvisorRuntime {
         Ok(())
     }
 
-    fn prepare(&self, spec: &BootSpec<'_>, init_token: &str) -> Result<CgroupSet> {
+    fn prepare(&self, spec: &BootSpec<'_>, root: &Path, init_token: &str) -> Result<CgroupSet> {
         let dir = spec.dir;
         std::fs::create_dir(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         std::fs::create_dir(dir.join("run")).map_err(io_err("preparing the instance"))?;
@@ -378,10 +378,9 @@ impl GvisorRuntime {
                 "net egress needs slirp4netns on the node (apt-get install slirp4netns)",
             ));
         }
-        let root = self.store.plain_root(spec.template)?;
         let tier = spec.key.tier();
         let b = bundle::spec(&bundle::BundleSpec {
-            root: &root,
+            root,
             agent: &self.cfg.agent.program,
             libs: &self.libs,
             loader: &self.loader,
@@ -483,7 +482,13 @@ impl Runtime for GvisorRuntime {
             }
             None => ids::random_hex(24),
         };
-        let cg = match self.prepare(&spec, &init_token) {
+        // The first boot of a template copies it (a gigabyte or two for code-interpreter): off
+        // the async threads, which also serve the node's calls meanwhile.
+        let (store, template) = (self.store.clone(), spec.template.clone());
+        let root = tokio::task::spawn_blocking(move || store.plain_root(&template))
+            .await
+            .map_err(|e| Error::internal(format!("preparing the template failed: {e}")))??;
+        let cg = match self.prepare(&spec, &root, &init_token) {
             Ok(cg) => cg,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(spec.dir);

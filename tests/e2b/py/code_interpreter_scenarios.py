@@ -8,7 +8,7 @@ Run against a gateway whose nodes keep code-interpreter pools (tests/code_interp
 
     E2B_API_URL=... E2B_API_KEY=... E2B_SANDBOX_URL=<gateway URL>   # headers mode, or
     E2B_DOMAIN=<domain>                                            # domain mode
-    python -m pytest tests/e2b/py/test_code_interpreter.py
+    python -m pytest tests/e2b/py/code_interpreter_scenarios.py
 
 CI_RUNTIME=gvisor selects what only gVisor keeps (kernel state across pause, snapshot and
 fork; those sandboxes are made without internet access, which gVisor cannot checkpoint).
@@ -335,8 +335,6 @@ def test_context_errors(sbx):
     sbx.remove_code_context(ctx)
     with pytest.raises(SandboxException, match="unknown language"):
         sbx.run_code("1", language="cobol")
-    with pytest.raises(SandboxException, match="java"):
-        sbx.run_code("1", language="java")
     with pytest.raises(SandboxException, match="cwd"):
         sbx.create_code_context(cwd="/no/such/dir")
 
@@ -380,12 +378,22 @@ def test_r_and_bash(sbx):
     assert e.error is None
 
 
+def test_java(sbx):
+    e = sbx.run_code('System.out.println("Hello, World!")', language="java")
+    assert "".join(e.logs.stdout) == "Hello, World!\n"
+    assert sbx.run_code("int kept = 41; kept + 1", language="java").results[0].text == "42"
+    assert sbx.run_code("kept", language="java").results[0].text == "41"
+    e = sbx.run_code('throw new IllegalStateException("boom")', language="java")
+    assert "IllegalStateException" in e.error.value and "boom" in e.error.value
+
+
 def test_every_language_starts_in_home_user(sbx):
     assert "".join(sbx.run_code("from pathlib import Path\nprint(Path.cwd())").logs.stdout).strip() == "/home/user"
     assert sbx.run_code("process.cwd()", language="js").text == "/home/user"
     assert sbx.run_code("process.cwd()", language="ts").text == "/home/user"
     assert sbx.run_code("getwd()", language="r").results[0].text.strip() == '[1] "/home/user"'
     assert "".join(sbx.run_code("pwd", language="bash").logs.stdout).strip() == "/home/user"
+    assert sbx.run_code('System.getProperty("user.dir")', language="java").results[0].text.strip() == "/home/user"
 
 
 READERS = {
@@ -393,6 +401,8 @@ READERS = {
     "javascript": ("process.env.{k} || 'default'", lambda e: e.text),
     "r": ('Sys.getenv("{k}", unset = "default")', lambda e: e.results[0].text.strip().removeprefix("[1] ").strip('"')),
     "bash": ("echo ${{{k}:-default}}", lambda e: "".join(e.logs.stdout).strip()),
+    # Java has no settable environment: variables become system properties (as upstream).
+    "java": ('System.getProperty("{k}", "default")', lambda e: e.results[0].text.strip()),
 }
 
 
