@@ -447,50 +447,24 @@ async fn the_sdks_and_raw_clients_run_code_on_the_builtin_runtime() {
     assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
 }
 
-/// A loopback address of its own for this test's port 443.
-fn free_loopback_443() -> String {
-    for n in 2..250u8 {
-        let ip = format!("127.1.{}.{}", (std::process::id() % 200) as u8, n);
-        if std::net::TcpListener::bind(format!("{ip}:443")).is_ok() {
-            return ip;
-        }
-    }
-    panic!("no loopback address with a free port 443");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdks_run_code_in_the_domain_mode() {
     let _one = ONE_AT_A_TIME.lock().await;
     ensure_sdks();
     code_interpreter_templates();
     let (tmp, _) = workspace();
-    let keys = api_keys_file(tmp.path());
-    let data = tmp.path().join("gw");
-    let ip = free_loopback_443();
-    let domain = "interpreters.test";
-    let mut gw = Proc::spawn(&[
-        "serve".into(),
-        "--e2b-listen".into(),
-        format!("{ip}:443"),
-        "--kube-listen".into(),
-        "127.0.0.1:0".into(),
-        "--data-dir".into(),
-        data.display().to_string(),
-        "--api-keys".into(),
-        keys.display().to_string(),
-        "--pool".into(),
-        "code-interpreter/egress/medium=2".into(),
-        "--e2b-tls".into(),
-        "--e2b-domain".into(),
-        domain.into(),
-    ]);
-    gw.wait_line("export E2B_DOMAIN=", Duration::from_secs(60));
-    let ca = data.join("tls/ca.crt").display().to_string();
+    let mut gw = DomainGateway::start(
+        tmp.path(),
+        "interpreters.test",
+        "code-interpreter/egress/medium=2",
+    );
     let http = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap())
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(&gw.ca).unwrap()).unwrap(),
+        )
         .build()
         .unwrap();
-    let metrics = format!("https://{ip}");
+    let metrics = format!("https://{}", gw.ip);
     let mut warm = 0;
     for _ in 0..1800 {
         warm = metrics_at(&http, &metrics)
@@ -505,20 +479,14 @@ async fn the_sdks_run_code_in_the_domain_mode() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(warm, 2, "the code-interpreter pool did not fill");
-    let env = vec![
-        ("E2B_API_URL", format!("https://{ip}")),
-        ("E2B_DOMAIN", domain.to_string()),
-        ("E2B_TEST_RESOLVE", format!("{domain}={ip}")),
-        ("SSL_CERT_FILE", ca.clone()),
-        ("NODE_EXTRA_CA_CERTS", ca),
-        ("CI_QUICK", "1".to_string()),
-    ];
+    let mut env = gw.sdk_env();
+    env.push(("CI_QUICK", "1".to_string()));
     tokio::task::block_in_place(|| {
         pytest(&env, &["resolve_override"]);
         js(&env, true);
     });
-    gw.terminate();
-    assert_no_leaks(tmp.path(), &[data.join("node/sandboxes")]).await;
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

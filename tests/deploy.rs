@@ -628,6 +628,7 @@ fn full_inventory() -> inventory::NodeInventory {
         template_info: vec![],
         boundary: String::new(),
         captures_memory: false,
+        templates_building: vec![],
     };
     inventory::NodeInventory::snapshot(&info, &[record], chrono::Utc::now())
 }

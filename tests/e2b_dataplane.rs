@@ -109,50 +109,12 @@ async fn the_sdks_work_through_the_gateway_on_a_two_node_fleet() {
     .await;
 }
 
-/// A loopback address of its own for this test's port 443.
-fn free_loopback_443() -> String {
-    for n in 2..250u8 {
-        let ip = format!("127.0.{}.{}", (std::process::id() % 200) as u8, n);
-        if std::net::TcpListener::bind(format!("{ip}:443")).is_ok() {
-            return ip;
-        }
-    }
-    panic!("no loopback address with a free port 443");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdks_work_in_the_domain_mode() {
     ensure_sdks();
     let (tmp, _) = workspace();
-    let keys = api_keys_file(tmp.path());
-    let data = tmp.path().join("gw");
-    let ip = free_loopback_443();
-    let domain = "sandboxes.test";
-    let mut gw = Proc::spawn(&[
-        "serve".into(),
-        "--e2b-listen".into(),
-        format!("{ip}:443"),
-        "--kube-listen".into(),
-        "127.0.0.1:0".into(),
-        "--data-dir".into(),
-        data.display().to_string(),
-        "--api-keys".into(),
-        keys.display().to_string(),
-        "--pool".into(),
-        "base/egress=2".into(),
-        "--e2b-tls".into(),
-        "--e2b-domain".into(),
-        domain.into(),
-    ]);
-    gw.wait_line("export E2B_DOMAIN=", Duration::from_secs(60));
-    let ca = data.join("tls/ca.crt").display().to_string();
-    let env = vec![
-        ("E2B_API_URL", format!("https://{ip}")),
-        ("E2B_DOMAIN", domain.to_string()),
-        ("E2B_TEST_RESOLVE", format!("{domain}={ip}")),
-        ("SSL_CERT_FILE", ca.clone()),
-        ("NODE_EXTRA_CA_CERTS", ca),
-    ];
+    let mut gw = DomainGateway::start(tmp.path(), "sandboxes.test", "base/egress=2");
+    let env = gw.sdk_env();
     tokio::task::block_in_place(|| {
         pytest(
             "2.63.0",
@@ -162,6 +124,6 @@ async fn the_sdks_work_in_the_domain_mode() {
         );
         js(&env, true);
     });
-    gw.terminate();
-    assert_no_leaks(tmp.path(), &[data.join("node/sandboxes")]).await;
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
 }

@@ -266,3 +266,80 @@ async fn images_import_and_templates_build_from_others() {
         std::fs::remove_dir_all(templates_dir().join(t)).unwrap();
     }
 }
+
+/// The embedded default's first start as a newcomer has it: `base` is there, `code-interpreter`
+/// is not. Its recipe builds in the background while `base` sandboxes are served; a create of
+/// `code-interpreter-v1` meanwhile is told to come back (503, saying why); and stopping the
+/// gateway in the middle of the build leaves no process or mount behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_is_served_while_a_recipe_builds_on_first_start() {
+    let (tmp, _) = workspace();
+    let templates = tmp.path().join("templates");
+    std::fs::create_dir_all(&templates).unwrap();
+    std::os::unix::fs::symlink(templates_dir().join("base"), templates.join("base")).unwrap();
+    let dir = templates.display().to_string();
+    let mut gw = Gateway::start(
+        tmp.path(),
+        &[
+            "--templates-dir",
+            &dir,
+            "--pool",
+            "base/egress=1",
+            "--pool",
+            "code-interpreter/egress/medium=1",
+        ],
+    );
+    gw.proc.wait_line(
+        "code-interpreter | building template code-interpreter in the background",
+        Duration::from_secs(30),
+    );
+    for _ in 0..600 {
+        if gw.warm().await >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sb = gw
+        .create(KEY_A, serde_json::json!({"templateID": "base"}))
+        .await;
+    let id = sb["sandboxID"].as_str().unwrap().to_string();
+
+    // Nodes report what they build with their info, every few seconds.
+    let mut last = None;
+    for _ in 0..300 {
+        let r = gw
+            .call(
+                reqwest::Method::POST,
+                "/v2/sandboxes",
+                Some(KEY_A),
+                Some(serde_json::json!({"templateID": "code-interpreter-v1"})),
+            )
+            .await;
+        if r.status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            last = Some(r);
+            break;
+        }
+        assert_eq!(r.status, reqwest::StatusCode::NOT_FOUND, "{:?}", r.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = last.expect("a create during the build was never told it is being built");
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("\"code-interpreter-v1\" is being built") && message.contains("minutes"),
+        "{message}"
+    );
+    assert!(r.headers.contains_key("retry-after"), "{:?}", r.headers);
+    assert!(
+        !gw.proc
+            .seen
+            .iter()
+            .any(|l| l.contains("template code-interpreter is ready")),
+        "the build was over before the checks"
+    );
+    assert_eq!(gw.kill(KEY_A, &id).await, reqwest::StatusCode::NO_CONTENT);
+    gw.proc.terminate();
+    // The build's copy, apt and the rest end with the gateway (its staging directory is
+    // removed when the next start cleans up).
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    assert!(!templates.join("code-interpreter").exists());
+}

@@ -110,8 +110,27 @@ pub async fn bench_node_claims(samples: usize, pool: u32, per_round: usize) -> R
 }
 
 pub async fn wait_gateway_warm(http: &reqwest::Client, url: &str, pool: u32) -> Res<()> {
-    let want = format!("sandbox_gateway_warm_sandboxes{{pool=\"base/egress/small\"}} {pool}");
-    let deadline = Instant::now() + Duration::from_secs(120);
+    wait_pool_warm(
+        http,
+        url,
+        "base/egress/small",
+        pool,
+        Duration::from_secs(120),
+    )
+    .await
+}
+
+/// Waits until the gateway's metrics show `count` warm sandboxes in `pool` (its label, e.g.
+/// `code-interpreter/egress/medium`).
+pub async fn wait_pool_warm(
+    http: &reqwest::Client,
+    url: &str,
+    pool: &str,
+    count: u32,
+    within: Duration,
+) -> Res<()> {
+    let want = format!("sandbox_gateway_warm_sandboxes{{pool=\"{pool}\"}} {count}");
+    let deadline = Instant::now() + within;
     loop {
         let text = http
             .get(format!("{url}/metrics"))
@@ -123,7 +142,7 @@ pub async fn wait_gateway_warm(http: &reqwest::Client, url: &str, pool: u32) -> 
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err("the gateway's warm pool did not refill".into());
+            return Err(format!("the gateway's warm pool {pool} did not fill to {count}").into());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

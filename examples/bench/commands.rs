@@ -23,10 +23,15 @@ pub struct Created {
 }
 
 pub async fn e2b_create_sandbox(http: &reqwest::Client, url: &str) -> Res<Created> {
+    e2b_create_of(http, url, "base").await
+}
+
+/// `POST /v2/sandboxes` of `template`, as the SDKs send it.
+pub async fn e2b_create_of(http: &reqwest::Client, url: &str, template: &str) -> Res<Created> {
     let res = http
         .post(format!("{url}/v2/sandboxes"))
         .header("X-API-KEY", "e2b_bench")
-        .json(&serde_json::json!({"templateID": "base", "timeout": 3600, "metadata": {}, "envVars": {}}))
+        .json(&serde_json::json!({"templateID": template, "timeout": 3600, "metadata": {}, "envVars": {}}))
         .send()
         .await?;
     let status = res.status();

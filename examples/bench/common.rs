@@ -152,27 +152,29 @@ pub fn templates_dir() -> Res<PathBuf> {
         Some(d) => PathBuf::from(d),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-templates"),
     };
+    build_template("base", &dir)?;
+    Ok(READY.get_or_init(|| dir).clone())
+}
+
+/// `sandbox-gateway template build NAME --if-missing` into `dir` (minutes when it is not
+/// there: mmdebstrap, and for recipes on top of `base` their packages).
+pub fn build_template(name: &str, dir: &Path) -> Res<()> {
     let status = Command::new(node_binary()?)
-        .args([
-            "template",
-            "build",
-            "base",
-            "--if-missing",
-            "--templates-dir",
-        ])
-        .arg(&dir)
+        .args(["template", "build", name, "--if-missing", "--templates-dir"])
+        .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .status()
-        .context("running `sandbox-gateway template build base`")?;
+        .context(format!("running `sandbox-gateway template build {name}`"))?;
     if !status.success() {
         return Err(format!(
-            "building the base template in {} failed ({status}); it needs mmdebstrap",
+            "building the {name} template in {} failed ({status}); it needs mmdebstrap and, for \
+             recipes, PyPI, npm and a Debian mirror",
             dir.display()
         )
         .into());
     }
-    Ok(READY.get_or_init(|| dir).clone())
+    Ok(())
 }
 
 /// A `sandbox-gateway` process (node or gateway) in its own temporary directory; `address` is

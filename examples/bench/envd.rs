@@ -141,10 +141,14 @@ pub struct Ran {
     pub first_stdout: Option<Instant>,
 }
 
-/// One envd client on one keep-alive connection.
+/// One envd client on one keep-alive connection (or, with `on_port`, a client of another
+/// port of the sandbox, e.g. the code interpreter's 49999).
 pub struct Envd {
     pub via: Via,
     conn: Option<SendRequest<Body>>,
+    port: u16,
+    /// The user commands run as (`Authorization: Basic`), envd's default when unset.
+    user: Option<String>,
 }
 
 /// A Connect envelope: flags, big-endian length, the JSON message.
@@ -167,7 +171,24 @@ pub fn start_request(cmd: &str) -> Bytes {
 
 impl Envd {
     pub fn new(via: Via) -> Self {
-        Envd { via, conn: None }
+        Envd {
+            via,
+            conn: None,
+            port: ENVD_PORT,
+            user: None,
+        }
+    }
+
+    /// The same way in, to `port` of the sandbox instead of envd's.
+    pub fn on_port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Requests that select `user` (for envd: who runs the commands).
+    pub fn with_user(mut self, user: &str) -> Self {
+        self.user = Some(user.to_string());
+        self
     }
 
     async fn stream(&self) -> Res<TcpStream> {
@@ -179,9 +200,9 @@ impl Envd {
                 s.set_nodelay(true)?;
                 Ok(s)
             }
-            Via::Node { data, id, token } => node_tunnel(data, id, ENVD_PORT, token).await,
+            Via::Node { data, id, token } => node_tunnel(data, id, self.port, token).await,
             Via::Netns { pid, dialer, .. } => Ok(dialer
-                .connect(PathBuf::from(format!("/proc/{pid}/ns/net")), ENVD_PORT)
+                .connect(PathBuf::from(format!("/proc/{pid}/ns/net")), self.port)
                 .await
                 .context(format!("dialing envd in the netns of pid {pid}"))?),
         }
@@ -223,9 +244,13 @@ impl Envd {
             Via::Gateway { addr, id, .. } => b
                 .header("host", addr.as_str())
                 .header("e2b-sandbox-id", id.as_str())
-                .header("e2b-sandbox-port", ENVD_PORT.to_string()),
+                .header("e2b-sandbox-port", self.port.to_string()),
             _ => b.header("host", "envd"),
         };
+        if let Some(user) = &self.user {
+            let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+            b = b.header("authorization", format!("Basic {basic}"));
+        }
         for (k, v) in headers {
             b = b.header(*k, v.as_str());
         }

@@ -21,6 +21,7 @@ mod common;
 mod envd;
 mod gvisor;
 mod gvisor_pool;
+mod interpreter;
 mod kube;
 mod lists;
 mod transfers;
@@ -99,6 +100,7 @@ const SECTIONS: &[&str] = &[
     "cluster",
     "gvisor-verbs",
     "gvisor-pool",
+    "interpreter",
 ];
 
 const VERB_RUNS: usize = 7;
@@ -119,6 +121,7 @@ struct Run {
     cold: Option<boundary::ColdStart>,
     cluster: Option<cluster::ClusterBench>,
     gvisor: gvisor::GvisorRun,
+    interpreter: Option<interpreter::InterpreterBench>,
 }
 
 const POOL: u32 = 128;
@@ -183,6 +186,7 @@ fn measure(rt: &tokio::runtime::Runtime, sections: &[&str], opts: &Options) -> R
                     rt.block_on(cluster::bench_visibility(20, Duration::from_secs(30)))?;
                 run.cluster = Some(cluster::ClusterBench { runs, visibility });
             }
+            "interpreter" => run.interpreter = Some(rt.block_on(interpreter::bench(samples))?),
             s @ ("gvisor-verbs" | "gvisor-pool") => {
                 rt.block_on(gvisor::measure(s, samples, &mut run.gvisor))?
             }
@@ -243,6 +247,9 @@ fn render_sections(run: &Run) -> String {
         cluster::render_cluster(&mut o, c);
     }
     gvisor::render(&mut o, &run.gvisor);
+    if let Some(i) = &run.interpreter {
+        interpreter::render(&mut o, i);
+    }
     o
 }
 
@@ -530,6 +537,9 @@ fn render_summary(run: &Run) -> String {
         );
     }
     gvisor::summary_rows(&mut o, &run.gvisor);
+    if let Some(i) = &run.interpreter {
+        interpreter::summary_rows(&mut o, i);
+    }
     let missed: Vec<String> = o
         .lines()
         .filter(|l| {

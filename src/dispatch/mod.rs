@@ -265,6 +265,11 @@ impl Dispatcher {
                 Error::no_capacity(format!(
                     "no node has a warm sandbox for {key} or can start one"
                 ))
+            } else if let Some(node) = routing::building(&self.inner.registry.up(), &key.template) {
+                Error::unavailable(format!(
+                    "template {:?} is being built on node {node:?} (on a first start this takes several minutes; other templates are served meanwhile); try again when it is ready",
+                    key.template
+                ))
             } else {
                 Error::not_found(format!(
                     "template {:?} is not offered by any node",

@@ -27,6 +27,17 @@ pub fn canonical_template(nodes: &[Arc<NodeHandle>], asked: &str) -> Option<Stri
     })
 }
 
+/// The first node that says it is building `template` (or a template it is an alias of).
+pub fn building(nodes: &[Arc<NodeHandle>], template: &str) -> Option<String> {
+    nodes.iter().find_map(|h| {
+        let info = h.info()?;
+        info.templates_building
+            .iter()
+            .any(|t| t == template)
+            .then_some(info.name)
+    })
+}
+
 /// The size a template's sandboxes have when a create names none (the code interpreter's
 /// kernels need more than the smallest tier), as the first node that describes it says.
 pub fn template_size(nodes: &[Arc<NodeHandle>], template: &str) -> Option<String> {
@@ -108,6 +119,7 @@ mod tests {
             }],
             boundary: String::new(),
             captures_memory: false,
+            templates_building: vec!["code-interpreter".into(), "code-interpreter-v1".into()],
         });
         h
     }
@@ -128,6 +140,11 @@ mod tests {
         assert_eq!(canonical_template(&[], "base-v1"), None);
         assert_eq!(template_size(&nodes, "base").as_deref(), Some("medium"));
         assert_eq!(template_size(&nodes, "other"), None);
+        // A template on its way is named with its aliases.
+        for t in ["code-interpreter", "code-interpreter-v1"] {
+            assert_eq!(building(&nodes, t).as_deref(), Some("10.0.0.1:1"));
+        }
+        assert_eq!(building(&nodes, "base"), None);
     }
 
     #[tokio::test]

@@ -80,19 +80,24 @@ fn cpu_reading(cg: Option<&PathBuf>) -> Option<CpuReading> {
     Some(CpuReading::Host { busy, total })
 }
 
-fn visible_rss() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    rd.flatten()
+/// `/proc/<pid>/<file>` of every process this one can see (none when /proc cannot be read).
+fn each_process(file: &'static str) -> impl Iterator<Item = String> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
         .filter(|d| {
             d.file_name()
                 .to_str()
                 .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
         })
-        .filter_map(|d| std::fs::read_to_string(d.path().join("statm")).ok())
+        .filter_map(move |d| std::fs::read_to_string(d.path().join(file)).ok())
+}
+
+fn visible_rss() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    each_process("statm")
         .filter_map(|s| {
             s.split_whitespace()
                 .nth(1)
@@ -168,16 +173,7 @@ fn pct(a_at: Instant, a: CpuReading, b_at: Instant, b: CpuReading, cpu_count: u3
 /// The anonymous memory (heaps, stacks; not files mapped in, which processes share and the
 /// kernel can reclaim) of every process this one can see: what the sandbox's programs hold.
 pub fn visible_anonymous() -> u64 {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    rd.flatten()
-        .filter(|d| {
-            d.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .filter_map(|d| std::fs::read_to_string(d.path().join("status")).ok())
+    each_process("status")
         .filter_map(|s| key_of(&s, "RssAnon:"))
         .map(|kib| kib * 1024)
         .sum()

@@ -257,11 +257,7 @@ fn line_for(m: &Incoming, p: &mut Progress) -> Option<Line> {
         }
         "error" if !p.error_sent => {
             p.error_sent = true;
-            Some(Line::Error {
-                name: m.text("ename").to_string(),
-                value: m.text("evalue").to_string(),
-                traceback: frames(m.content.get("traceback")),
-            })
+            Some(error_line(m))
         }
         "status" => {
             if m.text("execution_state") == "idle" {
@@ -270,6 +266,16 @@ fn line_for(m: &Incoming, p: &mut Progress) -> Option<Line> {
             None
         }
         _ => None,
+    }
+}
+
+/// The `error` line of an IOPub `error` or an `execute_reply` with status `error` (the same
+/// fields in both).
+fn error_line(m: &Incoming) -> Line {
+    Line::Error {
+        name: m.text("ename").to_string(),
+        value: m.text("evalue").to_string(),
+        traceback: frames(m.content.get("traceback")),
     }
 }
 
@@ -283,11 +289,7 @@ fn reply_line(m: &Incoming, p: &mut Progress) -> Option<Line> {
         "aborted" | "abort" => Some(Line::error("ExecutionAborted", "Execution was aborted")),
         "error" if !p.error_sent => {
             p.error_sent = true;
-            Some(Line::Error {
-                name: m.text("ename").to_string(),
-                value: m.text("evalue").to_string(),
-                traceback: frames(m.content.get("traceback")),
-            })
+            Some(error_line(m))
         }
         _ => None,
     }

@@ -314,6 +314,8 @@ pub struct NodeInfo {
     /// Whether pause, snapshot and fork capture memory for some of the node's sandboxes (which
     /// ones: `PoolStatus::captures_memory`).
     pub captures_memory: bool,
+    /// Templates being built now (and their aliases): claims for them are told to come back.
+    pub templates_building: Vec<String>,
 }
 
 /// A template as a node describes it.

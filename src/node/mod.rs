@@ -227,9 +227,15 @@ impl<R: Runtime> Node<R> {
         templates.clean_staging();
         let mut pools = BTreeMap::new();
         for p in &cfg.pools {
-            templates
-                .get(&p.key.template)
-                .map_err(|e| e.context(format!("pool {}", p.key)))?;
+            match templates.get(&p.key.template) {
+                Ok(_) => {}
+                // A recipe's template is built in the background (see `daemon`); its pool
+                // fills once it is there.
+                Err(e)
+                    if e.kind == model::ErrorKind::NotFound
+                        && crate::templates::recipes::find(&p.key.template).is_some() => {}
+                Err(e) => return Err(e.context(format!("pool {}", p.key))),
+            }
             pools.insert(p.key.clone(), Pool::new(p.target));
         }
 
@@ -351,6 +357,19 @@ impl<R: Runtime> Node<R> {
             "sandbox {id:?} not found on node {:?}",
             self.name()
         ))
+    }
+
+    /// The templates being built in the node's directory, with the aliases of those that are
+    /// recipes (`code-interpreter-v1` while `code-interpreter` builds).
+    fn templates_building(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for name in self.inner.templates.building() {
+            if let Some(recipe) = crate::templates::recipes::find(&name) {
+                names.extend(recipe.aliases.iter().map(|a| a.to_string()));
+            }
+            names.push(name);
+        }
+        names
     }
 
     fn template(&self, name: &str) -> Result<Template> {
@@ -607,6 +626,7 @@ impl<R: Runtime> Node<R> {
             captures_memory: ["none", "egress"]
                 .iter()
                 .any(|n| self.inner.runtime.captures_memory(n)),
+            templates_building: self.templates_building(),
             revision: st.revision,
             lost: st.lost.iter().cloned().collect(),
             runtime: self.inner.runtime.name().to_string(),

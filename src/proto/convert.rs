@@ -338,6 +338,7 @@ impl From<&model::NodeInfo> for super::NodeInfo {
                 .collect(),
             boundary: i.boundary.clone(),
             captures_memory: i.captures_memory,
+            templates_building: i.templates_building.clone(),
             usage: i
                 .usage
                 .iter()
@@ -405,6 +406,7 @@ impl From<super::NodeInfo> for model::NodeInfo {
                 .collect(),
             boundary: i.boundary,
             captures_memory: i.captures_memory,
+            templates_building: i.templates_building,
             usage: i
                 .usage
                 .into_iter()

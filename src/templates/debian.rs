@@ -4,6 +4,7 @@
 //! (another template plus steps) are `derive`'s.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -105,6 +106,18 @@ pub(super) fn run_with_progress(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // A build in the background of `serve` must end with the process: the thread that runs
+    // this waits for the child until it is done, so the child is killed when that thread (or
+    // the whole process) goes. What the child starts is its own to end (see `in_chroot`).
+    // SAFETY: prctl is async-signal-safe; this runs in the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::io(format!("starting {label}"), e))?;

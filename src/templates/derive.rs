@@ -105,10 +105,16 @@ fn finish_script(steps: &Steps) -> String {
     s
 }
 
+/// Runs `script` in mount and PID namespaces of its own: its mounts go with it, and when
+/// `unshare` is killed (with the build, see `run_with_progress`) so is the script, and with
+/// the script, as the namespace's first process, everything it started (apt, dpkg, pip).
 fn in_chroot(root: &Path, script: &str, label: &str, progress: Progress<'_>) -> Result<()> {
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--mount",
+        "--pid",
+        "--fork",
+        "--kill-child",
         "--propagation",
         "private",
         "sh",

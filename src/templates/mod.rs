@@ -29,6 +29,16 @@ pub use debian::{BASE_PACKAGES, find_mmdebstrap};
 
 const META: &str = "template.json";
 const ROOTFS: &str = "rootfs";
+/// A build's directory until it is complete: `STAGING<12 hex digits>-<template name>`.
+const STAGING: &str = ".staging-";
+
+/// The template a staging directory's name says is being built.
+fn staging_name(file: &str) -> Option<&str> {
+    let rest = file.strip_prefix(STAGING)?;
+    let (hex, name) = rest.split_once('-')?;
+    (hex.len() == 12 && hex.bytes().all(|b| b.is_ascii_hexdigit()) && !name.is_empty())
+        .then_some(name)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -283,7 +293,7 @@ impl TemplateStore {
                 progress(
                     "  for the full Debian template (python3, nodejs, git, ...): apt-get install mmdebstrap, then `sandbox-gateway template build base --force`",
                 );
-                self.install(|staging| host::compose(staging, self.ids), progress)
+                self.install("base", |staging| host::compose(staging, self.ids), progress)
             }
         }
     }
@@ -335,6 +345,7 @@ impl TemplateStore {
                 })?;
                 let packages = debian::package_list(&spec.packages);
                 self.install(
+                    &spec.name,
                     |staging| {
                         debian::bootstrap(
                             &mmdebstrap,
@@ -363,6 +374,7 @@ impl TemplateStore {
                     ..Default::default()
                 };
                 self.install(
+                    &spec.name,
                     |staging| {
                         derive::derive(&parent, staging, &spec.name, &steps, self.ids, progress)
                     },
@@ -421,6 +433,7 @@ impl TemplateStore {
         }
         progress(recipe.note);
         self.install(
+            recipe.name,
             |staging| {
                 let mut meta = derive::derive(
                     &parent,
@@ -452,6 +465,7 @@ impl TemplateStore {
         let _lock = self.lock()?;
         self.refuse_existing(name, force)?;
         self.install(
+            name,
             |staging| oci::import(archive, staging, name, self.ids, progress),
             progress,
         )
@@ -474,11 +488,15 @@ impl TemplateStore {
     /// swap; sandboxes still running on it keep their bind mount of the old tree.
     fn install(
         &self,
+        name: &str,
         make: impl FnOnce(&Path) -> Result<TemplateMeta>,
         progress: Progress<'_>,
     ) -> Result<Template> {
         let started = Instant::now();
-        let staging = self.dir.join(format!(".staging-{}", ids::random_hex(6)));
+        // Named so that `building` can tell which template is on its way.
+        let staging = self
+            .dir
+            .join(format!("{STAGING}{}-{name}", ids::random_hex(6)));
         fs::create_dir_all(&staging).map_err(io(format!("creating {}", staging.display())))?;
         let made = make(&staging);
         let mut meta = match made {
@@ -555,12 +573,26 @@ impl TemplateStore {
 
     /// Removes staging directories an interrupted build left (waiting for builds under way:
     /// nodes may share the directory).
+    /// The templates being built in this directory now, by this process or another: those
+    /// with a staging directory (`clean_staging` removes what a stopped build left).
+    pub fn building(&self) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| staging_name(&e.file_name().to_string_lossy()).map(str::to_string))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     pub fn clean_staging(&self) {
         let Ok(_lock) = self.lock() else { return };
         if let Ok(entries) = fs::read_dir(&self.dir) {
             for e in entries.flatten() {
                 let n = e.file_name().to_string_lossy().to_string();
-                if n.starts_with(".staging-") || n.starts_with(".old-") {
+                if n.starts_with(STAGING) || n.starts_with(".old-") {
                     let _ = fs::remove_dir_all(e.path());
                 }
                 // Half-made plain copies inside templates.
@@ -621,7 +653,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = TemplateStore::new(dir.path(), IdMap::new(400_000).unwrap()).unwrap();
         store
-            .install(|staging| host::compose(staging, store.ids), &quiet)
+            .install("base", |staging| host::compose(staging, store.ids), &quiet)
             .unwrap();
         Some((dir, store))
     }
@@ -677,5 +709,31 @@ mod tests {
         let e = ours.ensure_base(&quiet).unwrap_err();
         assert!(e.message.contains("prepared for uid base 400000"), "{e}");
         assert!(theirs.get("base").is_ok());
+    }
+
+    #[test]
+    fn staging_directories_say_what_is_being_built() {
+        let hex = crate::model::ids::random_hex(6);
+        assert_eq!(
+            staging_name(&format!("{STAGING}{hex}-code-interpreter")),
+            Some("code-interpreter")
+        );
+        assert_eq!(staging_name(".staging-00ff00aa11bb-a.b_c"), Some("a.b_c"));
+        // Directories of older builds (no name), other files, and malformed names.
+        assert_eq!(staging_name(".staging-00ff00aa11bb"), None);
+        assert_eq!(staging_name(".staging-00ff00aa11bb-"), None);
+        assert_eq!(staging_name(".staging-0a1b2c-base"), None);
+        assert_eq!(staging_name(".staging-xyz123xyz123-base"), None);
+        assert_eq!(staging_name(".old-base-1234"), None);
+        assert_eq!(staging_name("base"), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = TemplateStore::new(dir.path(), IdMap::new(400_000).unwrap()).unwrap();
+        assert!(store.building().is_empty());
+        fs::create_dir(dir.path().join(".staging-00ff00aa11bb-code-interpreter")).unwrap();
+        fs::create_dir(dir.path().join("base")).unwrap();
+        assert_eq!(store.building(), ["code-interpreter"]);
+        store.clean_staging();
+        assert!(store.building().is_empty());
     }
 }

@@ -14,12 +14,15 @@ use std::time::{Duration, Instant};
 use sandbox_gateway::dispatch::{Dispatcher, DispatcherConfig};
 
 pub mod certs;
+pub mod domain;
 pub mod fake_kube;
 pub mod gateway;
 pub mod kube_gateway;
 pub mod sandbox;
 pub mod scenarios;
 
+#[allow(unused_imports)]
+pub use domain::DomainGateway;
 #[allow(unused_imports)]
 pub use gateway::{Gateway, KEY_A, KEY_B, Reply, api_keys_file, metrics_at};
 #[allow(unused_imports)]

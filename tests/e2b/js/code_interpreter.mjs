@@ -15,19 +15,11 @@ import { setTimeout as sleep } from 'node:timers/promises'
 
 import { NotFoundError, Sandbox, SandboxError, TimeoutError } from '@e2b/code-interpreter'
 
+import { rejects, runScenarios } from './harness.mjs'
+
 const QUICK = process.env.CI_QUICK === '1'
 
 let sbx
-
-async function rejects(promise, cls, what) {
-  try {
-    await promise
-  } catch (e) {
-    if (cls) assert.ok(e instanceof cls, `${what}: expected ${cls.name}, got ${e?.constructor?.name}: ${e}`)
-    return e
-  }
-  assert.fail(`${what}: expected a rejection`)
-}
 
 const scenarios = []
 const scenario = (name, fn, { quick = true } = {}) => scenarios.push({ name, fn, quick })
@@ -163,30 +155,17 @@ scenario('a sandbox killed mid-run', async () => {
 
 async function main() {
   sbx = await Sandbox.create({ timeoutMs: 600_000 })
-  let passed = 0
-  let failed = 0
+  let failed = 1
   try {
-    for (const { name, fn, quick } of scenarios) {
-      if (QUICK && !quick) {
-        console.log(`ok - ${name} # skipped: quick run, the domain mode repeats the core only`)
-        continue
-      }
-      const started = Date.now()
-      try {
-        await fn()
-        passed++
-        console.log(`ok - ${name} (${Date.now() - started} ms)`)
-      } catch (e) {
-        failed++
-        console.error(`not ok - ${name}`)
-        console.error(e?.stack ?? String(e))
-        break
-      }
-    }
+    failed = await runScenarios(
+      scenarios.map((s) => ({
+        ...s,
+        skip: QUICK && !s.quick ? 'quick run, the domain mode repeats the core only' : undefined,
+      })),
+    )
   } finally {
     await sbx.kill().catch(() => undefined)
   }
-  console.log(`${passed} passed, ${failed} failed`)
   process.exit(failed ? 1 : 0)
 }
 

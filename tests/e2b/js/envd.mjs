@@ -17,6 +17,8 @@ import { setTimeout as sleep } from 'node:timers/promises'
 
 import { AuthenticationError, CommandExitError, FileType, FilesystemEventType, Sandbox } from 'e2b'
 
+import { rejects, runScenarios } from './harness.mjs'
+
 const DEBUG = (process.env.E2B_DEBUG ?? '').toLowerCase() === 'true'
 const ENVD_VERSION = process.env.E2B_ENVD_VERSION || '0.6.4'
 const TOKEN = process.env.E2B_ENVD_ACCESS_TOKEN || undefined
@@ -38,16 +40,6 @@ async function waitUntil(pred, what, timeoutMs = 10_000) {
     await sleep(50)
   }
   throw new Error(`timed out waiting for ${what}`)
-}
-
-async function rejects(promise, cls, what) {
-  try {
-    await promise
-  } catch (e) {
-    if (cls) assert.ok(e instanceof cls, `${what}: expected ${cls.name}, got ${e?.constructor?.name}: ${e}`)
-    return e
-  }
-  assert.fail(`${what}: expected a rejection`)
 }
 
 let sbx
@@ -214,27 +206,13 @@ async function main() {
   sbx = await makeSandbox()
   work = `/tmp/envd-js-${RUN}`
   await sbx.commands.run(`mkdir -p ${work} && chmod 777 ${work}`, { user: 'root' })
-  let passed = 0
-  let failed = 0
+  let failed = 1
   try {
-    for (const { name, fn } of scenarios) {
-      const started = Date.now()
-      try {
-        const note = await fn()
-        passed++
-        console.log(`ok - ${name} (${Date.now() - started} ms)${note ? ` # ${note}` : ''}`)
-      } catch (e) {
-        failed++
-        console.error(`not ok - ${name}`)
-        console.error(e?.stack ?? String(e))
-        break
-      }
-    }
+    failed = await runScenarios(scenarios)
   } finally {
     await sbx.commands.run(`rm -rf ${work}`, { user: 'root' }).catch(() => undefined)
     if (!DEBUG) await sbx.kill().catch(() => undefined)
   }
-  console.log(`${passed} passed, ${failed} failed`)
   process.exit(failed ? 1 : 0)
 }
 
