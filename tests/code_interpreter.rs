@@ -42,23 +42,10 @@ fn pytest(env: &[(&str, String)], plugins: &[&str]) {
 }
 
 fn js(env: &[(&str, String)], preload: bool) {
-    let script = repo()
-        .join("tests/e2b/js/code_interpreter.mjs")
-        .display()
-        .to_string();
-    let resolve = format!(
-        "--import={}",
-        repo().join("tests/e2b/js/resolve.mjs").display()
-    );
-    let mut args = Vec::new();
-    if preload {
-        args.push(resolve.as_str());
-    }
-    args.push(script.as_str());
-    scenarios::run(
+    scenarios::node(
         "js @e2b/code-interpreter 2.8.0",
-        Path::new("node"),
-        &args,
+        "code_interpreter.mjs",
+        preload,
         env,
         ALLOWED_SKIPS,
     );

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -25,23 +24,7 @@ fn pytest(version: &str, files: &[&str], plugins: &[&str], env: &[(&str, String)
 }
 
 fn js(env: &[(&str, String)], preload: bool) {
-    let script = repo().join("tests/e2b/js/envd.mjs").display().to_string();
-    let resolve = format!(
-        "--import={}",
-        repo().join("tests/e2b/js/resolve.mjs").display()
-    );
-    let mut args = Vec::new();
-    if preload {
-        args.push(resolve.as_str());
-    }
-    args.push(script.as_str());
-    scenarios::run(
-        "js e2b 2.51.0",
-        Path::new("node"),
-        &args,
-        env,
-        ALLOWED_SKIPS,
-    );
+    scenarios::node("js e2b 2.51.0", "envd.mjs", preload, env, ALLOWED_SKIPS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

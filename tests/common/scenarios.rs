@@ -73,3 +73,23 @@ pub fn pytest(
         allowed_skips,
     );
 }
+
+/// Runs the node script `script` of tests/e2b/js; with `resolve`, the SDK's host names are
+/// resolved as `E2B_TEST_RESOLVE` says (tests/e2b/js/resolve.mjs, for the domain mode).
+pub fn node(
+    label: &str,
+    script: &str,
+    resolve: bool,
+    env: &[(&str, String)],
+    allowed_skips: &[&str],
+) {
+    let js = repo().join("tests/e2b/js");
+    let script = js.join(script).display().to_string();
+    let preload = format!("--import={}", js.join("resolve.mjs").display());
+    let mut args = Vec::new();
+    if resolve {
+        args.push(preload.as_str());
+    }
+    args.push(script.as_str());
+    run(label, Path::new("node"), &args, env, allowed_skips);
+}
