@@ -151,6 +151,18 @@ async fn bad_input_is_refused(gw: &Gateway, sb: &str) {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = post(r#"{"code": "1", "env_vars": {"A": "x\u0000y"}}"#)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("NUL byte"));
+    // Languages that do not exist are refused alike, however many a client makes up.
+    for n in 0..200 {
+        let r = post(&format!(r#"{{"code": "1", "language": "made-up-{n}"}}"#))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
     // Empty strings count as absent, unknown query parameters are ignored.
     let (status, lines) = execute(
         gw,

@@ -55,6 +55,9 @@ fn default_cwd() -> PathBuf {
     PathBuf::from("/home/user")
 }
 
+/// The longest a kernel may take to start (a day).
+const MAX_START_TIMEOUT_SECONDS: u64 = 86_400;
+
 fn default_max_contexts() -> usize {
     16
 }
@@ -92,6 +95,13 @@ impl Config {
             .map_err(|e| format!("{} does not parse: {e}", path.display()))?;
         if cfg.max_contexts == 0 {
             return Err(format!("{}: max_contexts must be positive", path.display()));
+        }
+        // A deadline this far off is no deadline, and adding it to an instant would overflow.
+        if !(1..=MAX_START_TIMEOUT_SECONDS).contains(&cfg.start_timeout_seconds) {
+            return Err(format!(
+                "{}: start_timeout_seconds must be 1 to {MAX_START_TIMEOUT_SECONDS}",
+                path.display()
+            ));
         }
         Ok(cfg)
     }
@@ -133,6 +143,15 @@ mod tests {
         assert!(Config::load(&p).unwrap_err().contains("unknown field"));
         std::fs::write(&p, r#"{"max_contexts": 0}"#).unwrap();
         assert!(Config::load(&p).is_err());
+        for t in ["0", "18446744073709551615"] {
+            std::fs::write(&p, format!(r#"{{"start_timeout_seconds": {t}}}"#)).unwrap();
+            assert!(
+                Config::load(&p)
+                    .unwrap_err()
+                    .contains("start_timeout_seconds"),
+                "{t}"
+            );
+        }
         assert!(Config::load(&d.path().join("none")).is_err());
     }
 }

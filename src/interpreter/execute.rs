@@ -107,6 +107,9 @@ async fn sync_env(server: &Server, ctx: &Context, kernel: &Kernel, run: &BTreeMa
 #[derive(Default)]
 struct Progress {
     replied: Option<Instant>,
+    /// When the last IOPub message was passed on: output still arriving after the reply
+    /// (a large figure queued behind it, a slow reader) keeps the wait for idle going.
+    last_output: Option<Instant>,
     idle: bool,
     error_sent: bool,
     interrupted: Option<Instant>,
@@ -133,7 +136,9 @@ async fn execute(server: &Server, ctx: &Context, kernel: &Kernel, req: Request, 
             return;
         }
         let keepalive_at = out.last + KEEPALIVE;
-        let idle_deadline = p.replied.map(|t| t + IDLE_AFTER_REPLY);
+        let idle_deadline = p
+            .replied
+            .map(|t| t.max(p.last_output.unwrap_or(t)) + IDLE_AFTER_REPLY);
         let interrupt_deadline = p.interrupted.map(|t| t + INTERRUPT_GRACE);
         tokio::select! {
             msg = pending.iopub.recv(), if !p.iopub_closed => match msg {
@@ -141,6 +146,7 @@ async fn execute(server: &Server, ctx: &Context, kernel: &Kernel, req: Request, 
                     if let Some(line) = line_for(&m, &mut p) {
                         out.send(line).await;
                     }
+                    p.last_output = Some(Instant::now());
                 }
                 // The kernel's IOPub reader ended: the kernel is going (its exit says why),
                 // or the reply and the idle wait decide.

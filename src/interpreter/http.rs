@@ -238,6 +238,20 @@ pub async fn execute(State(server): State<Arc<Server>>, body: Bytes) -> Response
             format!("{k:?} cannot be an environment variable name"),
         );
     }
+    // No environment can hold a NUL byte; the statements that set it would fail in the kernel.
+    if let Some(k) = req
+        .env_vars
+        .iter()
+        .find(|(_, v)| v.contains('\0'))
+        .map(|(k, _)| k)
+    {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the value of {k:?} contains a NUL byte, which no environment variable can hold"
+            ),
+        );
+    }
     let ctx = match server
         .context_for(req.context_id.as_deref(), req.language.as_deref())
         .await

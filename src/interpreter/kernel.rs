@@ -329,6 +329,7 @@ impl Kernel {
             Err(message) => {
                 kill_group(pid);
                 let _ = std::fs::remove_file(&conn_file);
+                remove_sockets(&socket_prefix);
                 let stderr: Vec<String> = lock(&tail).iter().cloned().collect();
                 let message = if stderr.is_empty() {
                     message

@@ -105,6 +105,7 @@ async fn serve(opts: Options) -> Result<()> {
         envs: envs::SandboxEnvs::new(opts.envs_file),
         contexts: Default::default(),
         started: Default::default(),
+        admitting: Default::default(),
     });
     let app = http::router(server.clone());
     let starting = server.clone();

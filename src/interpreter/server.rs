@@ -24,6 +24,29 @@ pub struct Server {
     pub envs: SandboxEnvs,
     pub contexts: Registry,
     pub started: AtomicBool,
+    /// Held while a context is admitted and registered.
+    pub admitting: std::sync::Mutex<()>,
+}
+
+/// A context being created: removed and closed when dropped before `done`.
+struct Unfinished<'a> {
+    contexts: &'a Registry,
+    ctx: Option<Arc<Context>>,
+}
+
+impl Unfinished<'_> {
+    fn done(mut self) {
+        self.ctx = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.ctx.take() {
+            self.contexts.remove(&ctx.id);
+            tokio::spawn(async move { ctx.close().await });
+        }
+    }
 }
 
 /// Why a request could not be served, with the status it answers.
@@ -129,21 +152,34 @@ impl Server {
                 cwd.display()
             )));
         }
-        self.admit()?;
         let warm = if default {
             self.cfg.warm.get(&language).cloned()
         } else {
             None
         };
-        let id = uuid::Uuid::new_v4().to_string();
-        let ctx = Context::start(id, language.clone(), self.launch(spec, cwd), warm);
-        self.contexts
-            .insert(ctx.clone(), default.then_some(language.as_str()));
+        let ctx = {
+            // Two creates at once must not both pass the limit.
+            let _admitting = self
+                .admitting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.admit()?;
+            let id = uuid::Uuid::new_v4().to_string();
+            let ctx = Context::start(id, language.clone(), self.launch(spec, cwd), warm);
+            self.contexts
+                .insert(ctx.clone(), default.then_some(language.as_str()));
+            ctx
+        };
+        // Undone if the kernel does not come up, and also if the request goes away while it
+        // starts (a client's timeout): no half-made context stays listed or counted.
+        let pending = Unfinished {
+            contexts: &self.contexts,
+            ctx: Some(ctx.clone()),
+        };
         if let Err(why) = ctx.kernel().await {
-            self.contexts.remove(&ctx.id);
-            ctx.close().await;
             return Err(Refusal::Failed(format!("Failed to create context: {why}")));
         }
+        pending.done();
         Ok(ctx)
     }
 
@@ -153,6 +189,9 @@ impl Server {
         if let Some(c) = self.contexts.default_of(&language) {
             return Ok(c);
         }
+        // Only languages that exist get a lock (one per name a request sends would grow the
+        // map without end).
+        self.spec_for(&language)?;
         let lock = self.contexts.creation_lock(&language).await;
         let _held = lock.lock().await;
         if let Some(c) = self.contexts.default_of(&language) {
