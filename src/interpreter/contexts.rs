@@ -52,6 +52,9 @@ const RESTART_BACKOFF: &[Duration] = &[
     Duration::from_secs(5),
     Duration::from_secs(10),
 ];
+/// A kernel that ran this long before it died counts as healthy: its restart pauses begin
+/// again from the shortest.
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
 impl Context {
     /// Starts a context: its kernel starts in the background; `warm` is run silently after
@@ -118,6 +121,13 @@ impl Context {
     }
 }
 
+async fn sleep_opt(pause: Option<Duration>) {
+    match pause {
+        Some(p) => tokio::time::sleep(p).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn supervise(
     id: String,
     launch: Launch,
@@ -128,6 +138,9 @@ async fn supervise(
     let mut failures = 0usize;
     // Who waits for the kernel being started now (a restart's caller).
     let mut waiting: Option<oneshot::Sender<Result<(), String>>> = None;
+    // Whether a kernel of this context has run: then a failed start is retried by itself
+    // (the context lives on); a first start that fails is the creator's to report.
+    let mut has_run = false;
     loop {
         state.send_replace(KernelState::Starting);
         let started = Kernel::start(&id, &launch).await;
@@ -140,8 +153,18 @@ async fn supervise(
                 if let Some(w) = waiting.take() {
                     let _ = w.send(Err(why));
                 }
-                // Wait to be asked again (a restart) or to be closed.
-                match intents.recv().await {
+                // Wait to be asked again (a restart) or to be closed; a context whose kernel
+                // has run also tries again by itself, after a pause that grows.
+                let retry = has_run.then(|| {
+                    let pause = RESTART_BACKOFF[failures.min(RESTART_BACKOFF.len() - 1)];
+                    failures += 1;
+                    pause
+                });
+                let intent = tokio::select! {
+                    intent = intents.recv() => intent,
+                    _ = sleep_opt(retry) => continue,
+                };
+                match intent {
                     Some(Intent::Restart(w)) => {
                         waiting = Some(w);
                         continue;
@@ -161,11 +184,17 @@ async fn supervise(
             tracing::warn!(context = %id, error = %e, "warming the kernel failed");
         }
         state.send_replace(KernelState::Ready(kernel.clone()));
+        has_run = true;
+        let ready_at = tokio::time::Instant::now();
         if let Some(w) = waiting.take() {
             let _ = w.send(Ok(()));
         }
         tokio::select! {
             _ = kernel.ended() => {
+                // A kernel that ran a good while before it died starts the pauses afresh.
+                if ready_at.elapsed() > HEALTHY_RUN {
+                    failures = 0;
+                }
                 let why = kernel.exit().map(|e| e.0).unwrap_or_default();
                 let pause = RESTART_BACKOFF[failures.min(RESTART_BACKOFF.len() - 1)];
                 failures += 1;
@@ -176,6 +205,8 @@ async fn supervise(
             }
             intent = intents.recv() => {
                 failures = 0;
+                // No execution takes the turn with a kernel that is shutting down.
+                state.send_replace(KernelState::Starting);
                 kernel.shutdown(SHUTDOWN_GRACE).await;
                 drop(kernel);
                 match intent {

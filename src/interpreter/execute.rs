@@ -54,6 +54,19 @@ impl Out {
             self.gone = true;
         }
     }
+
+    /// `send`, given up when `stop` comes first, after which nothing more is sent: a client
+    /// that keeps its connection but stopped reading must not hold the context (its turn, its
+    /// old kernel) once that kernel is restarted or removed.
+    async fn send_until(&mut self, line: Line, stop: impl std::future::Future<Output = ()>) {
+        let stopped = tokio::select! {
+            _ = self.send(line) => false,
+            _ = stop => true,
+        };
+        if stopped {
+            self.gone = true;
+        }
+    }
 }
 
 /// Runs `req` on `ctx`, writing lines to `tx` until the last one (`end_of_execution`).
@@ -144,7 +157,7 @@ async fn execute(server: &Server, ctx: &Context, kernel: &Kernel, req: Request, 
             msg = pending.iopub.recv(), if !p.iopub_closed => match msg {
                 Some(m) => {
                     if let Some(line) = line_for(&m, &mut p) {
-                        out.send(line).await;
+                        out.send_until(line, kernel.ended()).await;
                     }
                     p.last_output = Some(Instant::now());
                 }
@@ -157,7 +170,7 @@ async fn execute(server: &Server, ctx: &Context, kernel: &Kernel, req: Request, 
                 if let Ok(m) = reply
                     && let Some(line) = reply_line(&m, &mut p)
                 {
-                    out.send(line).await;
+                    out.send_until(line, kernel.ended()).await;
                 }
             }
             _ = kernel.ended() => {
@@ -178,7 +191,7 @@ async fn execute(server: &Server, ctx: &Context, kernel: &Kernel, req: Request, 
                 return;
             }
             _ = tokio::time::sleep_until(keepalive_at), if !out.gone => {
-                out.send(Line::Keepalive).await;
+                out.send_until(Line::Keepalive, kernel.ended()).await;
             }
             _ = closed.closed(), if p.interrupted.is_none() => {
                 out.gone = true;

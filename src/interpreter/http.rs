@@ -96,7 +96,7 @@ pub async fn health(State(server): State<Arc<Server>>) -> Response {
     } else {
         text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "starting: the default contexts' kernels are not up yet",
+            "starting: the default contexts' kernels are not up yet (or did not start: see the server's log)",
         )
     }
 }

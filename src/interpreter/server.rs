@@ -16,6 +16,9 @@ use super::languages;
 /// What a new kernel takes of its own, about (an idle IPython kernel's anonymous memory).
 const CONTEXT_MEMORY: u64 = 64 << 20;
 
+/// How often a default context's kernel is tried at start.
+const DEFAULT_ATTEMPTS: u32 = 3;
+
 pub struct Server {
     pub cfg: Config,
     pub runtime_dir: PathBuf,
@@ -220,10 +223,32 @@ impl Server {
 
     /// Starts the configured default contexts, in order (python first), then counts as
     /// started (a default that cannot start is logged, not waited for forever).
+    /// Starts the default contexts, each tried a few times. `/health` answers 200 only once
+    /// all whose kernels exist are up: a sandbox whose Python kernel cannot start is not
+    /// handed out as warm (its node reboots it when the wait for health runs out). A default
+    /// naming a language the sandbox has no kernel for (or no room for) is only logged.
     pub async fn start_defaults(&self) {
         for lang in &self.cfg.default_contexts {
-            if let Err(e) = self.default_context(Some(lang)).await {
-                tracing::warn!(language = %lang, error = %e, "a default context did not start");
+            for attempt in 1..=DEFAULT_ATTEMPTS {
+                match self.default_context(Some(lang)).await {
+                    Ok(_) => break,
+                    // Not the kernel's failing: no kernel for it, or no room in a small sandbox.
+                    Err(
+                        e
+                        @ (Refusal::BadRequest(_) | Refusal::Unavailable(_) | Refusal::TooMany(_)),
+                    ) => {
+                        tracing::warn!(language = %lang, error = %e, "no default context for this language");
+                        break;
+                    }
+                    Err(e) if attempt == DEFAULT_ATTEMPTS => {
+                        tracing::error!(language = %lang, error = %e, "a default context did not start; the sandbox stays unhealthy");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(language = %lang, error = %e, attempt, "a default context did not start; trying again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
             }
         }
         self.started.store(true, Ordering::SeqCst);
