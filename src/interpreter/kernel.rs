@@ -1,13 +1,13 @@
 //! One running Jupyter kernel: its process (started from its kernelspec, in a session of its
 //! own, killed with the server) and the client side of the Jupyter messaging protocol over
-//! ZeroMQ on Unix sockets (`ipc`, never TCP: gVisor cannot checkpoint a TCP socket an event
-//! loop watches, and a kernel manager on the network would be open to any local user).
+//! ZeroMQ on Unix sockets (`ipc`: gVisor cannot checkpoint a TCP socket an event loop
+//! watches, and a kernel manager on the network would be open to any local user; loopback TCP
+//! only for a kernel whose kernelspec says it speaks nothing else, `KernelSpec::tcp`).
 //! Replies and IOPub messages are routed to whoever waits for them by parent message id.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,103 +22,12 @@ use jupyter_zmq_client::{
     create_client_shell_connection_with_identity, create_client_stdin_connection_with_identity,
     peer_identity_for_session,
 };
-use serde::Deserialize;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use zeromq::SocketRecv;
 
-use super::languages::Family;
-
-/// How a kernel wants to be interrupted (its kernelspec's `interrupt_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Interrupt {
-    /// SIGINT to the kernel's process group (Jupyter's default).
-    Signal,
-    /// `interrupt_request` on the control channel.
-    Message,
-}
-
-/// A kernelspec: `DIR/kernel.json` in one of the Jupyter data directories.
-#[derive(Debug, Clone)]
-pub struct KernelSpec {
-    pub name: String,
-    pub dir: PathBuf,
-    pub argv: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub language: String,
-    pub interrupt: Interrupt,
-    /// Unix sockets, unless the kernel can only speak TCP (its kernelspec's metadata says
-    /// `"sandbox-gateway": {"transport": "tcp"}`).
-    pub tcp: bool,
-}
-
-#[derive(Deserialize)]
-struct SpecFile {
-    argv: Vec<String>,
-    #[serde(default)]
-    language: String,
-    #[serde(default)]
-    interrupt_mode: Option<String>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    metadata: serde_json::Value,
-}
-
-impl KernelSpec {
-    /// The kernelspec called `name` in the first of `dirs` (Jupyter data directories, each
-    /// with a `kernels/` folder) that has it.
-    pub fn find(dirs: &[PathBuf], name: &str) -> Option<KernelSpec> {
-        // A kernel name is a directory name: nothing that could climb out of `kernels/`.
-        if name.is_empty()
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-            || name.starts_with('.')
-        {
-            return None;
-        }
-        dirs.iter().find_map(|d| {
-            let dir = d.join("kernels").join(name);
-            let bytes = std::fs::read(dir.join("kernel.json")).ok()?;
-            let file: SpecFile = serde_json::from_slice(&bytes)
-                .map_err(|e| {
-                    tracing::warn!(kernel = name, error = %e, "kernel.json does not parse");
-                })
-                .ok()?;
-            let tcp = file.metadata["sandbox-gateway"]["transport"] == "tcp";
-            (!file.argv.is_empty()).then(|| KernelSpec {
-                name: name.to_string(),
-                dir,
-                argv: file.argv,
-                env: file.env,
-                language: file.language,
-                interrupt: match file.interrupt_mode.as_deref() {
-                    Some("message") => Interrupt::Message,
-                    _ => Interrupt::Signal,
-                },
-                tcp,
-            })
-        })
-    }
-
-    pub fn family(&self) -> Family {
-        Family::of(&self.language)
-    }
-}
-
-/// Where and how a kernel process starts.
-#[derive(Debug, Clone)]
-pub struct Launch {
-    pub spec: KernelSpec,
-    pub cwd: PathBuf,
-    /// A directory only the server may enter: connection files and sockets live there.
-    pub runtime_dir: PathBuf,
-    /// The environment every kernel starts with (the kernelspec's own comes on top).
-    pub env: Vec<(String, String)>,
-    /// How long the kernel may take to answer its first request.
-    pub start_timeout: Duration,
-}
+pub use super::kernelspec::{Interrupt, KernelSpec, Launch};
+use super::kernelspec::{free_loopback_ports, kill_group, remove_sockets, spawn};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -234,8 +143,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// IOPub messages of one execution that may wait for its reader (a kernel's message can be a
-/// megabyte of output); a reader that stops reading stops the kernel's IOPub stream, which
-/// blocks the kernel (see the template's kernels), never grows the server.
+/// megabyte of output); a reader that stops reading stops the server reading IOPub, so the
+/// memory it holds stays bounded. The template's Python kernel then blocks (its IOPub socket
+/// does not drop); other kernels drop what their own queue cannot hold, as ZeroMQ does.
 const IOPUB_BUFFER: usize = 4;
 /// How many lines of a kernel's own stderr are kept for error messages.
 const STDERR_TAIL: usize = 20;
@@ -562,85 +472,12 @@ enum Channel {
     Control,
 }
 
-fn kill_group(pid: i32) {
-    if pid > 0 {
-        // SAFETY: SIGKILL to the kernel's process group (it leads its own session), then to
-        // the process itself in case it left the group.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-            libc::kill(pid, libc::SIGKILL);
-        }
-    }
-}
-
-fn remove_sockets(prefix: &Path) {
-    for port in 1..=5 {
-        let _ = std::fs::remove_file(format!("{}-{port}", prefix.display()));
-    }
-}
-
-/// The kernel's command line with its placeholders filled in.
-fn argv(spec: &KernelSpec, conn_file: &Path) -> Vec<String> {
-    spec.argv
-        .iter()
-        .map(|a| {
-            a.replace("{connection_file}", &conn_file.to_string_lossy())
-                .replace("{resource_dir}", &spec.dir.to_string_lossy())
-        })
-        .collect()
-}
-
-fn spawn(launch: &Launch, conn_file: &Path) -> std::io::Result<tokio::process::Child> {
-    let args = argv(&launch.spec, conn_file);
-    let mut cmd = tokio::process::Command::new(&args[0]);
-    cmd.args(&args[1..])
-        .env_clear()
-        .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .envs(&launch.spec.env)
-        .current_dir(&launch.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            // Its own session, so that an interrupt or a kill reaches everything it started.
-            libc::setsid();
-            // It dies with the server (worker threads live as long as the server does).
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            // The OOM killer takes kernels before the server that reports on them.
-            let path = c"/proc/self/oom_score_adj";
-            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd >= 0 {
-                let v = b"500";
-                libc::write(fd, v.as_ptr().cast(), v.len());
-                libc::close(fd);
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn()
-}
-
 type Connected = (
     jupyter_zmq_client::ClientShellConnection,
     jupyter_zmq_client::ClientControlConnection,
     ClientIoPubConnection,
     jupyter_zmq_client::ClientStdinConnection,
 );
-
-/// Five loopback ports free a moment ago (for a kernel that speaks TCP).
-fn free_loopback_ports() -> std::io::Result<[u16; 5]> {
-    let listeners = (0..5)
-        .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut ports = [0u16; 5];
-    for (p, l) in ports.iter_mut().zip(&listeners) {
-        *p = l.local_addr()?.port();
-    }
-    Ok(ports)
-}
 
 /// Connects once the kernel has made its sockets (a Unix socket cannot be dialled before it
 /// exists, and a TCP port refuses until it listens, so this polls).
@@ -754,55 +591,6 @@ async fn answer_input(mut conn: jupyter_zmq_client::ClientStdinConnection) {
         reply.parent_header = serde_json::from_value::<Header>(msg.header.clone()).ok();
         if conn.send(reply).await.is_err() {
             return;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernelspecs_are_found_by_name_and_never_by_path() {
-        let d = tempfile::tempdir().unwrap();
-        let k = d.path().join("kernels/python3");
-        std::fs::create_dir_all(&k).unwrap();
-        std::fs::write(
-            k.join("kernel.json"),
-            r#"{"argv": ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3", "language": "python", "env": {"A": "1"}}"#,
-        )
-        .unwrap();
-        let m = d.path().join("kernels/msg");
-        std::fs::create_dir_all(&m).unwrap();
-        std::fs::write(
-            m.join("kernel.json"),
-            r#"{"argv": ["k", "{connection_file}", "{resource_dir}"], "language": "bash", "interrupt_mode": "message",
-                "metadata": {"sandbox-gateway": {"transport": "tcp"}}}"#,
-        )
-        .unwrap();
-        std::fs::create_dir_all(d.path().join("kernels/broken")).unwrap();
-        std::fs::write(d.path().join("kernels/broken/kernel.json"), "{").unwrap();
-        let dirs = vec![PathBuf::from("/nonexistent"), d.path().to_path_buf()];
-
-        let py = KernelSpec::find(&dirs, "python3").unwrap();
-        assert_eq!(py.family(), Family::Python);
-        assert_eq!(py.interrupt, Interrupt::Signal);
-        assert_eq!(py.env.get("A").map(String::as_str), Some("1"));
-        assert_eq!(
-            argv(&py, Path::new("/run/k.json")),
-            ["python3", "-m", "ipykernel_launcher", "-f", "/run/k.json"]
-        );
-        assert!(!py.tcp);
-        let msg = KernelSpec::find(&dirs, "msg").unwrap();
-        assert_eq!(msg.interrupt, Interrupt::Message);
-        assert!(msg.tcp);
-        assert_eq!(
-            argv(&msg, Path::new("/c.json"))[2],
-            m.to_string_lossy().to_string()
-        );
-        for bad in ["broken", "missing", "../kernels/python3", "", ".", "a/b"] {
-            assert!(KernelSpec::find(&dirs, bad).is_none(), "{bad}");
         }
     }
 }

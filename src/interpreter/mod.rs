@@ -11,6 +11,7 @@ pub mod envs;
 mod execute;
 mod http;
 mod kernel;
+mod kernelspec;
 pub mod languages;
 pub mod openapi;
 pub mod output;
