@@ -477,7 +477,7 @@ impl SandboxProcs {
     }
 }
 
-fn parent_of(pid: i32) -> i32 {
+pub fn parent_of(pid: i32) -> i32 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|t| {
@@ -488,7 +488,7 @@ fn parent_of(pid: i32) -> i32 {
         .unwrap_or(0)
 }
 
-fn pids() -> Vec<i32> {
+pub fn pids() -> Vec<i32> {
     std::fs::read_dir("/proc")
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())

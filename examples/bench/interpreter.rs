@@ -193,21 +193,7 @@ async fn jupyter_client(
 
 /// All processes by pid, with their parent.
 fn parents() -> BTreeMap<i32, i32> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        if let Some(pp) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("PPid:"))
-            .and_then(|v| v.trim().parse().ok())
-        {
-            out.insert(pid, pp);
-        }
-    }
-    out
+    pids().into_iter().map(|p| (p, parent_of(p))).collect()
 }
 
 fn comm(pid: i32) -> String {
