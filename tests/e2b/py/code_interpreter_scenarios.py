@@ -556,6 +556,190 @@ def test_private_ports_need_the_traffic_token():
         s.kill()
 
 
+# --- the boundary, tried from inside a kernel --------------------------------------------------
+
+
+def host_ipv4() -> list[str]:
+    """The host's own IPv4 addresses, loopback included."""
+    import subprocess
+
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    return sorted({line.split()[3].split("/")[0] for line in out.splitlines() if " inet " in line})
+
+
+def kernel_json(s: Sandbox, code: str, timeout: float = 120):
+    """Runs `code` in the sandbox's default Python kernel; its last line prints one JSON value."""
+    import json
+
+    e = s.run_code(code, timeout=timeout)
+    assert e.error is None, e.error
+    return json.loads("".join(e.logs.stdout))
+
+
+PROBE = r"""
+import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+out = {"uid": os.getuid()}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "CROSSED"
+    except Exception as e:
+        out[name] = type(e).__name__
+attempt("host_file", lambda: open(HOST_FILE).read())
+attempt("signal_host_pid", lambda: os.kill(HOST_PID, 0))
+def connect(addr):
+    c = socket.create_connection(addr, timeout=3)
+    c.close()
+for host in ADDRS:
+    for port in PORTS:
+        attempt(f"tcp {host}:{port}", lambda: connect((host, port)))
+def refused(rc):
+    if rc == 0:
+        raise RuntimeError("allowed")
+    raise OSError(ctypes.get_errno(), "refused")
+attempt("unshare_user", lambda: refused(libc.unshare(0x10000000)))
+attempt("mount_tmpfs", lambda: refused(libc.mount(b"x", b"/mnt", b"tmpfs", 0, None)))
+def sysrq():
+    with open("/proc/sysrq-trigger", "w") as f:
+        f.write("h")
+attempt("sysrq", sysrq)
+cmdlines = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            cmdlines.append(open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+out["processes"] = cmdlines
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
+out["no_new_privs"] = status.get("NoNewPrivs", "").strip()
+print(json.dumps(out))
+"""
+
+
+@full_only
+def test_a_kernel_reaches_nothing_of_the_host_or_other_sandboxes(tmp_path):
+    import socket
+    import uuid
+    from urllib.parse import urlparse
+
+    secret = tmp_path / "host-secret.txt"
+    token = uuid.uuid4().hex
+    secret.write_text(token)
+    listeners = []
+    for ip in host_ipv4():
+        try:
+            listener = socket.create_server((ip, 0))
+        except OSError:
+            continue
+        listeners.append(listener)
+    ports = sorted({lst.getsockname()[1] for lst in listeners})
+    api = os.environ.get("E2B_API_URL")
+    if api:
+        ports.append(urlparse(api).port or 80)
+    addrs = sorted({lst.getsockname()[0] for lst in listeners} | {"127.0.0.1", "10.0.2.2"})
+    a, b = own_sandbox(), own_sandbox()
+    try:
+        code = (
+            f"HOST_FILE = {str(secret)!r}\nHOST_PID = {os.getpid()}\n"
+            f"ADDRS = {addrs!r}\nPORTS = {ports!r}\n" + PROBE
+        )
+        got = kernel_json(a, code)
+        # The kernel is the sandbox's root, and root of nothing else.
+        assert got["uid"] == 0, got
+        crossed = {k: v for k, v in got.items() if v == "CROSSED"}
+        if RUNTIME == "gvisor":
+            # gVisor gives user namespaces inside its own kernel; they reach nothing outside.
+            crossed.pop("unshare_user", None)
+        else:
+            assert got["no_new_privs"] == "1", got
+        assert not crossed, crossed
+        assert got["host_file"] in ("FileNotFoundError", "PermissionError"), got
+        # Only the sandbox's own processes are in sight: none of the host's, few in all.
+        assert not [c for c in got["processes"] if "pytest" in c or tmp_path.name in c], got
+        assert len(got["processes"]) < 30, got["processes"]
+        assert token not in str(got)
+
+        # Another sandbox: its files and processes are out of sight.
+        a.run_code(
+            "import subprocess; open('/tmp/a-secret', 'w').write('mine'); "
+            "sleeper = subprocess.Popen(['sleep', '311'])"
+        )
+        seen = kernel_json(
+            b,
+            "import json, os\n"
+            "procs = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]\n"
+            "print(json.dumps({'file': os.path.exists('/tmp/a-secret'),"
+            " 'sleeper': any(b'311' in c for c in procs)}))",
+        )
+        assert seen == {"file": False, "sleeper": False}, seen
+        assert kernel_json(a, "import json; print(json.dumps(sleeper.poll()))") is None
+    finally:
+        for lst in listeners:
+            lst.close()
+        a.kill()
+        b.kill()
+
+
+@full_only
+def test_a_kernel_is_held_to_the_sandboxs_memory_and_process_limits():
+    s = own_sandbox()
+    try:
+        # 3 GiB in a 1 GiB sandbox. On the built-in runtime the sandbox's OOM killer takes the
+        # kernel, and the sandbox and the context go on. gVisor's kernel is one host process
+        # that holds all of the sandbox's memory, so the host's OOM killer ends the sandbox.
+        if RUNTIME == "gvisor":
+            with pytest.raises(TimeoutException, match="sandbox was killed"):
+                s.run_code("b = bytearray(3 << 30); print('survived')", timeout=120)
+            assert not s.is_running()
+            s = own_sandbox()
+        else:
+            big = s.run_code("b = bytearray(3 << 30); print('survived')", timeout=120)
+            assert "survived" not in "".join(big.logs.stdout), big
+            assert big.error is not None and big.error.name == "ContextRestarting", big
+            assert s.commands.run("echo still here").stdout == "still here\n"
+        deadline = time.monotonic() + 60
+        while True:
+            e = s.run_code("1 + 1", timeout=30)
+            if e.text == "2" or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert e.text == "2", e
+        # A thread flood in the kernel stops below the sandbox's pid limit (2048 for its size;
+        # threads count as processes there). Threads, not forks: a thousand forked copies of a
+        # kernel would meet the memory limit first.
+        flood_code = (
+            "import threading, time\n"
+            "n = 0\n"
+            "while True:\n"
+            "    try:\n"
+            "        threading.Thread(target=time.sleep, args=(4,), daemon=True).start()\n"
+            "        n += 1\n"
+            "    except RuntimeError:\n"
+            "        break\n"
+            "n"
+        )
+        if RUNTIME == "gvisor":
+            # gVisor (ptrace platform) backs each thread with a host thread, and the limit is
+            # the host's: the Sentry cannot grow past it and the sandbox ends. A new one works.
+            with pytest.raises(TimeoutException, match="sandbox was killed"):
+                s.run_code(flood_code, timeout=120)
+            assert not s.is_running()
+            s = own_sandbox()
+            assert s.run_code("6 * 7").text == "42"
+            return
+        flood = s.run_code(flood_code, timeout=120)
+        assert flood.error is None, flood.error
+        assert 100 < int(flood.text) < 2048, flood
+        assert s.is_running()  # envd answers through the flood
+        time.sleep(5)
+        assert s.run_code("threading.active_count() < 50", timeout=60).text == "True"
+        assert s.commands.run("echo fine").stdout == "fine\n"
+    finally:
+        s.kill()
+
+
 # --- many at once ----------------------------------------------------------------------------
 
 
