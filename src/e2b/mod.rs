@@ -15,8 +15,10 @@ pub mod proxy;
 mod render;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod template_names;
 pub mod templates;
 pub mod tokens;
+pub mod upload_url;
 pub mod wire;
 
 use actix_web::middleware::ErrorHandlers;

@@ -5,10 +5,12 @@
 //! namespace. Built from Debian packages (mmdebstrap), imported from an OCI image archive, or,
 //! when mmdebstrap is missing, composed from the host's `/usr`.
 
+pub mod build;
 mod code_interpreter;
 mod debian;
 mod derive;
 mod host;
+pub mod layers;
 mod oci;
 pub mod recipes;
 mod shift;

@@ -1,0 +1,1 @@
+//! e2b template names: `[namespace/]alias[:tag]`, tags and build resources.

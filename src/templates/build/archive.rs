@@ -1,0 +1,1 @@
+//! Uploaded COPY archives: checked before they are stored.

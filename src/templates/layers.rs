@@ -1,0 +1,1 @@
+//! Layers: immutable directories in overlay upper format that templates stack over a root.
