@@ -383,6 +383,13 @@ pub struct SandboxArgs {
     /// answer after the sandbox booted; a pool's sandbox is warm only once they do.
     #[arg(long = "service-timeout-seconds", value_name = "SECONDS", value_parser = parse_seconds, default_value = "120")]
     pub service_timeout: Duration,
+    /// Largest archive of files a template build's COPY step may upload, in MiB (413 beyond).
+    #[arg(
+        long = "template-upload-max-mib",
+        value_name = "MIB",
+        default_value_t = 1024
+    )]
+    pub template_upload_max_mib: u64,
 }
 
 impl SandboxArgs {
@@ -403,6 +410,7 @@ impl SandboxArgs {
         node.sandbox_reachable = self.sandbox_reachable.clone();
         node.boot_timeout = self.boot_timeout;
         node.service_timeout = self.service_timeout;
+        node.template_upload_max_bytes = self.template_upload_max_mib << 20;
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(

@@ -126,7 +126,8 @@ async fn nothing_of_the_host_or_other_sandboxes_is_reachable() {
     drop(listener);
 
     // Root inside is root of nothing else: no namespaces, mounts, keyrings or module loading,
-    // no new privileges, a seccomp filter, a bounded capability set, nothing of /sys.
+    // a seccomp filter, a bounded capability set, nothing of /sys. setuid programs may gain
+    // privileges (sudo works, as on e2b), and what they gain is this same root.
     let locked = root(
         &a,
         "id -u; unshare -U true 2>/dev/null && echo CROSSED unshare-user; \
@@ -139,9 +140,23 @@ async fn nothing_of_the_host_or_other_sandboxes_is_reachable() {
     );
     let out = &locked.stdout;
     assert!(out.starts_with("0\n"), "{locked:?}");
+    let sudo = a.run(
+        "sudo -n id -u; sudo -n unshare -U true 2>/dev/null && echo CROSSED sudo-unshare; \
+         sudo -n mount -t tmpfs x /mnt 2>/dev/null && echo CROSSED sudo-mount; \
+         sudo -n grep -E '^(Seccomp|CapBnd)' /proc/self/status",
+    );
+    assert!(
+        sudo.stdout.starts_with("0\n"),
+        "passwordless sudo to root: {sudo:?}"
+    );
+    assert!(!sudo.stdout.contains("CROSSED"), "{sudo:?}");
+    assert!(
+        sudo.stdout.contains("Seccomp:\t2") && sudo.stdout.contains("CapBnd:\t00000000a80425fb"),
+        "{sudo:?}"
+    );
     assert!(!out.contains("CROSSED"), "{locked:?}");
     assert!(
-        out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2"),
+        out.contains("Seccomp:\t2") && out.contains("NoNewPrivs:\t0"),
         "{locked:?}"
     );
     assert!(out.contains("CapBnd:\t00000000a80425fb"), "{locked:?}");

@@ -629,6 +629,7 @@ fn full_inventory() -> inventory::NodeInventory {
         boundary: String::new(),
         captures_memory: false,
         templates_building: vec![],
+        builds: false,
     };
     inventory::NodeInventory::snapshot(&info, &[record], chrono::Utc::now())
 }

@@ -250,8 +250,9 @@ async fn images_import_and_templates_build_from_others() {
     let out = build_again();
     assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
     assert_eq!(template_id(), first);
+    // `rootfs` links to the tree (a root layer); what `cp -r` run by root does to its top.
     let root = templates_dir().join(&derived).join("rootfs");
-    std::os::unix::fs::lchown(&root, Some(0), Some(0)).unwrap();
+    std::os::unix::fs::chown(&root, Some(0), Some(0)).unwrap();
     let out = build_again();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -263,7 +264,14 @@ async fn images_import_and_templates_build_from_others() {
     assert_eq!(std::fs::metadata(&root).unwrap().uid(), DEFAULT_UID_BASE);
 
     for t in [&imported, &derived] {
-        std::fs::remove_dir_all(templates_dir().join(t)).unwrap();
+        let dir = templates_dir().join(t);
+        let tree = std::fs::canonicalize(dir.join("rootfs")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            tree.starts_with(templates_dir().join(".layers")),
+            "{tree:?}"
+        );
+        std::fs::remove_dir_all(&tree).unwrap();
     }
 }
 

@@ -409,6 +409,7 @@ async fn bench_e2b(
         domain: None,
         idempotency: Default::default(),
         proxy: Default::default(),
+        upload_max_bytes: 1 << 30,
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

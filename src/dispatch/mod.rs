@@ -2,6 +2,7 @@
 //! resolves a sandbox to its owning node, and keeps the merged read view. Both surfaces share
 //! one instance.
 
+pub mod builds;
 mod catch_up;
 mod changes;
 mod checkpoints;

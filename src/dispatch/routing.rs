@@ -120,6 +120,7 @@ mod tests {
             boundary: String::new(),
             captures_memory: false,
             templates_building: vec!["code-interpreter".into(), "code-interpreter-v1".into()],
+            builds: false,
         });
         h
     }

@@ -92,6 +92,7 @@ impl From<model::Error> for ApiError {
             ErrorKind::OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
             // The SDKs raise NotEnoughSpaceException for 507.
             ErrorKind::StorageFull => StatusCode::INSUFFICIENT_STORAGE,
+            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,

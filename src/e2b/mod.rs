@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod builds;
 pub mod error;
 pub mod idempotency;
 pub mod listed;
@@ -15,11 +16,13 @@ pub mod proxy;
 mod render;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod template_admin;
 pub mod template_names;
 pub mod templates;
 pub mod tokens;
 pub mod upload_url;
 pub mod wire;
+pub mod wire_templates;
 
 use actix_web::middleware::ErrorHandlers;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -36,6 +39,8 @@ pub struct E2b {
     pub idempotency: idempotency::Idempotency,
     /// Data-plane routing into sandboxes.
     pub proxy: proxy::Proxy,
+    /// Largest upload of a template build's files.
+    pub upload_max_bytes: u64,
 }
 
 async fn health() -> HttpResponse {
@@ -90,6 +95,36 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/sandboxes/{id}/logs", web::get().to(logs::v1))
         .route("/v2/sandboxes/{id}/logs", web::get().to(logs::v2))
         .route("/snapshots", web::get().to(snapshots::list_snapshots))
+        .route("/v3/templates", web::post().to(builds::request))
+        .route("/templates/aliases/{alias}", web::get().to(builds::alias))
+        .route("/templates/{id}/files/{hash}", web::get().to(builds::files))
+        .route("/_uploads/{id}/{hash}", web::put().to(builds::upload))
+        .route(
+            "/v2/templates/{id}/builds/{build}",
+            web::post().to(builds::start),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            web::get().to(builds::status),
+        )
+        .route(
+            "/templates/tags",
+            web::post().to(template_admin::assign_tags),
+        )
+        .route(
+            "/templates/tags",
+            web::delete().to(template_admin::remove_tags),
+        )
+        .route("/templates/{id}/tags", web::get().to(template_admin::tags))
+        .route("/templates/{id}", web::get().to(template_admin::get))
+        .route(
+            "/templates/{id}",
+            web::patch().to(template_admin::publish_v1),
+        )
+        .route(
+            "/v2/templates/{id}",
+            web::patch().to(template_admin::publish_v2),
+        )
         .route("/templates", web::get().to(templates::list))
         .route("/v2/templates", web::get().to(templates::list_v2))
         .route(
@@ -98,11 +133,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         // Known to the SDKs, not served here.
         .route("/sandboxes/{id}/network", web::put().to(network::update))
-        .route("/v3/templates", web::post().to(s::not_supported))
-        .route(
-            "/v2/templates/{id}/builds/{build}",
-            web::post().to(s::not_supported),
-        )
         .route("/templates/{tail:.*}", web::to(s::not_supported))
         .route("/volumes{tail:.*}", web::to(s::not_supported))
         .route("/secrets{tail:.*}", web::to(s::not_supported))

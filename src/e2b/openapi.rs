@@ -7,7 +7,10 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{logs, metrics, network, sandboxes, snapshots, templates, wire};
+use super::{
+    builds, logs, metrics, network, sandboxes, snapshots, template_admin, templates, wire,
+    wire_templates,
+};
 
 struct ApiKeyAuth;
 
@@ -32,6 +35,8 @@ enum Carries {
     Template,
     /// A snapshot (`wire::SnapshotInfo`), whose id is also a `templateID`.
     Snapshot,
+    /// A requested build (`wire_templates::RequestedV3`): its template and build ids.
+    Build,
 }
 
 /// Responses that carry an object, by operation id and status, with the JSON pointer to the
@@ -49,6 +54,7 @@ const LINK_SOURCES: &[(&str, &str, &str, Carries)] = &[
     ("list_templates", "200", "/0", Carries::Template),
     ("list_templates_v2", "200", "/0", Carries::Template),
     ("snapshot", "201", "", Carries::Snapshot),
+    ("request_build", "202", "", Carries::Build),
 ];
 
 /// Where a link puts the value it takes.
@@ -95,6 +101,11 @@ impl Carries {
                 ("create_v1", "snapshotID", Put::Body("templateID")),
                 ("delete_template", "snapshotID", Put::Path("templateID")),
                 ("list_snapshots", "snapshotID", Put::Query("name")),
+            ],
+            Carries::Build => &[
+                ("build_files", "templateID", Put::Path("templateID")),
+                ("start_build", "templateID", Put::Path("templateID")),
+                ("build_status", "templateID", Put::Path("templateID")),
             ],
         }
     }
@@ -155,6 +166,10 @@ impl Modify for Links {
         sandboxes::fork, snapshots::snapshot, snapshots::list_snapshots,
         snapshots::delete_template, metrics::metrics, metrics::metrics_batch,
         logs::v1, logs::v2, templates::list, templates::list_v2, network::update,
+        builds::request, builds::files, builds::upload, builds::start, builds::status,
+        builds::alias, template_admin::assign_tags, template_admin::remove_tags,
+        template_admin::tags, template_admin::get, template_admin::publish_v2,
+        template_admin::publish_v1,
     ),
     components(schemas(
         ErrorBody, wire::NewSandbox, wire::Sandbox, wire::SandboxDetail, wire::ListedSandbox,
@@ -163,6 +178,11 @@ impl Modify for Links {
         wire::SnapshotRequest, wire::SnapshotInfo, wire::SandboxMetric,
         wire::SandboxesWithMetrics, wire::Template, logs::SandboxLogs, logs::SandboxLogsV2,
         logs::SandboxLog, logs::SandboxLogEntry, wire::NetworkConfig, wire::NetworkInfo,
+        wire_templates::BuildRequestV3, wire_templates::RequestedV3, wire_templates::FileUpload,
+        wire_templates::LogEntry, wire_templates::Reason, wire_templates::BuildInfo,
+        wire_templates::AliasInfo, template_admin::AssignTags, template_admin::RemoveTags,
+        template_admin::AssignedTags, template_admin::TagInfo, template_admin::BuildItem,
+        template_admin::TemplateWithBuilds, template_admin::Publish, template_admin::Published,
     )),
     modifiers(&ApiKeyAuth, &Links)
 )]

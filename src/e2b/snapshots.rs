@@ -121,6 +121,12 @@ pub async fn delete_template(
         e2b.dispatcher.delete_checkpoint(&id, &prefix).await?;
         return Ok(HttpResponse::NoContent().finish());
     }
+    if super::template_admin::delete_built(&e2b, &tenant, &id)
+        .await?
+        .is_some()
+    {
+        return Ok(HttpResponse::NoContent().finish());
+    }
     if e2b.dispatcher.pools().keys().any(|k| k.template == id) {
         return Err(ApiError::bad_request(format!(
             "template {id:?} comes from node configuration and cannot be deleted through the API"

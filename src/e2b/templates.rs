@@ -19,7 +19,14 @@ pub fn templates(e2b: &E2b) -> Vec<wire::Template> {
     let mut out: BTreeMap<String, wire::Template> = BTreeMap::new();
     for node in e2b.dispatcher.nodes().into_iter().filter(|n| n.up) {
         let Some(info) = node.info else { continue };
-        for name in &info.templates {
+        // Built templates are listed from their records, by team.
+        let built: Vec<&String> = info
+            .template_info
+            .iter()
+            .filter(|t| !t.owner.is_empty())
+            .map(|t| &t.name)
+            .collect();
+        for name in info.templates.iter().filter(|n| !built.contains(n)) {
             let sizes = info.pools.iter().filter(|p| &p.key.template == name);
             let tier = sizes
                 .filter_map(|p| size_tier(&p.key.size))
@@ -74,13 +81,25 @@ pub fn templates(e2b: &E2b) -> Vec<wire::Template> {
 #[utoipa::path(get, path = "/templates", tag = "templates", operation_id = "list_templates",
     responses((status = 200, body = [wire::Template]), (status = 401, body = ErrorBody)),
     security(("ApiKeyAuth" = [])))]
-pub async fn list(e2b: web::Data<E2b>, _tenant: Tenant) -> ApiResult<HttpResponse> {
-    Ok(HttpResponse::Ok().json(templates(&e2b)))
+pub async fn list(e2b: web::Data<E2b>, tenant: Tenant) -> ApiResult<HttpResponse> {
+    Ok(HttpResponse::Ok().json(with_built(&e2b, &tenant).await))
+}
+
+/// The nodes' own templates, then the team's built ones (and others' public ones).
+async fn with_built(e2b: &E2b, tenant: &Tenant) -> Vec<wire::Template> {
+    let mut out: Vec<wire::Template> = templates(e2b)
+        .into_iter()
+        .filter(|t| !t.kind.eq_ignore_ascii_case("built"))
+        .collect();
+    for v in e2b.dispatcher.list_built(&tenant.namespace).await {
+        out.push(super::template_admin::listed(&v, &v.record.team));
+    }
+    out
 }
 
 #[utoipa::path(get, path = "/v2/templates", tag = "templates", operation_id = "list_templates_v2",
     responses((status = 200, body = [wire::Template]), (status = 401, body = ErrorBody)),
     security(("ApiKeyAuth" = [])))]
-pub async fn list_v2(e2b: web::Data<E2b>, _tenant: Tenant) -> ApiResult<HttpResponse> {
-    Ok(HttpResponse::Ok().json(templates(&e2b)))
+pub async fn list_v2(e2b: web::Data<E2b>, tenant: Tenant) -> ApiResult<HttpResponse> {
+    Ok(HttpResponse::Ok().json(with_built(&e2b, &tenant).await))
 }

@@ -276,6 +276,7 @@ impl From<model::Error> for KubeError {
             // name: kubectl prints "Error from server (InsufficientStorage)", and client-go,
             // which does not know the reason, goes by the code and does not retry a 507.
             ErrorKind::StorageFull => (507, "InsufficientStorage"),
+            ErrorKind::TooLarge => (413, "RequestEntityTooLarge"),
             ErrorKind::Unauthenticated => (401, "Unauthorized"),
             ErrorKind::Forbidden => (403, "Forbidden"),
             ErrorKind::Internal => return KubeError::internal(e.message),

@@ -320,6 +320,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         domain: cfg.e2b_domain.clone(),
         idempotency: Default::default(),
         proxy: Default::default(),
+        upload_max_bytes: cfg.sandboxes.template_upload_max_mib << 20,
     });
     let metrics_data = web::Data::new(metrics.clone());
     let server = HttpServer::new(move || {

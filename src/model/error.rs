@@ -21,6 +21,8 @@ pub enum ErrorKind {
     /// removed again, so nothing half-written is left or listed. Another node, or this one once
     /// space is freed, can do the same request.
     StorageFull,
+    /// What was sent is over a size limit; nothing of it was kept.
+    TooLarge,
     Unauthenticated,
     Forbidden,
     Internal,
@@ -37,6 +39,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::OutcomeUnknown => "outcome unknown",
             ErrorKind::StorageFull => "no space",
+            ErrorKind::TooLarge => "too large",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::Forbidden => "forbidden",
             ErrorKind::Internal => "internal",
@@ -72,6 +75,9 @@ impl Error {
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Invalid, message)
     }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::TooLarge, message)
+    }
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Conflict, message)
     }
@@ -86,6 +92,9 @@ impl Error {
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Forbidden, message)
     }
     pub fn unauthenticated(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unauthenticated, message)

@@ -1,5 +1,6 @@
 //! The shared domain: ids, pool keys, lifetime rules, records, and the one error type.
 
+pub mod builds;
 pub mod checkpoint;
 pub mod error;
 pub mod ids;

@@ -316,6 +316,8 @@ pub struct NodeInfo {
     pub captures_memory: bool,
     /// Templates being built now (and their aliases): claims for them are told to come back.
     pub templates_building: Vec<String>,
+    /// Whether the node's runtime can build templates.
+    pub builds: bool,
 }
 
 /// A template as a node describes it.
@@ -331,6 +333,14 @@ pub struct TemplateInfo {
     pub aliases: Vec<String>,
     /// The size its sandboxes have when a create names none ("" = the smallest).
     pub size: String,
+    /// The namespace of the team that built it through e2b ("" = every team's).
+    pub owner: String,
+    /// What its owner calls it: template id, alias, and `name:tag` for each tag naming it.
+    pub e2b_names: Vec<String>,
+    /// Other teams may start it too.
+    pub public: bool,
+    /// What it adds over the template it was built from.
+    pub layer_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

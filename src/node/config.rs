@@ -43,7 +43,12 @@ pub struct NodeConfig {
     /// How long a template's services (the code interpreter and its kernels) may take to
     /// answer after the sandbox booted; a pool's sandbox counts as warm only then.
     pub service_timeout: Duration,
+    /// Largest archive a template build's COPY step may upload.
+    pub template_upload_max_bytes: u64,
 }
+
+/// The default upload limit of a template build's files: 1 GiB.
+pub const DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES: u64 = 1 << 30;
 
 /// The default paused retention: 7 days.
 pub const DEFAULT_PAUSED_RETENTION_SECONDS: u64 = 7 * 24 * 3600;
@@ -109,6 +114,7 @@ impl NodeConfig {
             sandbox_reachable: Vec::new(),
             boot_timeout: BOOT_TIMEOUT,
             service_timeout: SERVICE_TIMEOUT,
+            template_upload_max_bytes: DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES,
         }
     }
 

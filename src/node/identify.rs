@@ -103,7 +103,7 @@ impl<R: Runtime> Node<R> {
         let body = InitBody {
             access_token: &record.token,
             env_vars,
-            default_user: "user",
+            default_user: template.meta.user.as_deref().unwrap_or("user"),
             default_workdir: template.meta.workdir.as_deref().unwrap_or("/home/user"),
             hostname: ids::dns_safe(&record.id),
         };

@@ -3,6 +3,8 @@
 //! checkpoints, persistence and the inventory change stream. It knows nothing of e2b or
 //! Kubernetes.
 
+mod agent_client;
+mod builds;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
@@ -125,6 +127,7 @@ pub(crate) struct Inner<R: Runtime> {
     cfg: NodeConfig,
     paths: Paths,
     templates: TemplateStore,
+    builds: builds::Builds,
     runtime: R,
     state: Mutex<State<R::Handle>>,
     events: broadcast::Sender<InventoryEvent>,
@@ -292,11 +295,14 @@ impl<R: Runtime> Node<R> {
             }
         }
 
+        let builds =
+            builds::Builds::open(&paths.root, &paths.templates, cfg.template_upload_max_bytes)?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let paths_root = paths.root.clone();
         let inner = Arc::new(Inner {
             paths,
             templates,
+            builds,
             runtime,
             state: Mutex::new(State {
                 claims: HashMap::new(),
@@ -551,6 +557,20 @@ impl<R: Runtime> Node<R> {
                 return Err(e);
             }
         }
+        // A built template's start command runs before the sandbox is warm or handed out,
+        // so its server already answers.
+        if template.meta.start_cmd.is_some() || template.meta.ready_cmd.is_some() {
+            let id = inst.id.clone();
+            let started = self
+                .start_command(&inst, template, self.inner.cfg.service_timeout, |line| {
+                    tracing::debug!(instance = %id, "{line}");
+                })
+                .await;
+            if let Err(e) = started {
+                self.destroy_later(inst, "its start command did not become ready");
+                return Err(e.context("the template's start command"));
+            }
+        }
         Ok(inst)
     }
 
@@ -619,6 +639,19 @@ impl<R: Runtime> Node<R> {
                     created_at: Some(t.meta.created_at),
                     aliases: t.meta.aliases.clone(),
                     size: t.meta.size.clone().unwrap_or_default(),
+                    owner: t
+                        .meta
+                        .e2b
+                        .as_ref()
+                        .map(|e| e.team.clone())
+                        .unwrap_or_default(),
+                    e2b_names: self.e2b_names(t),
+                    public: self.is_public(t),
+                    layer_bytes: if t.meta.kind == crate::templates::Kind::Built {
+                        t.meta.size_bytes
+                    } else {
+                        0
+                    },
                 })
                 .collect(),
             data_address: cfg.data_address.clone(),
@@ -627,6 +660,7 @@ impl<R: Runtime> Node<R> {
                 .iter()
                 .any(|n| self.inner.runtime.captures_memory(n)),
             templates_building: self.templates_building(),
+            builds: self.inner.runtime.commits(),
             revision: st.revision,
             lost: st.lost.iter().cloned().collect(),
             runtime: self.inner.runtime.name().to_string(),

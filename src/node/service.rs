@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::runtime::Runtime;
 use super::{ClaimSpec, Node};
+use crate::model::builds::{BuildQuery, FilesRef, RequestBuild, StartBuild, TemplateOp};
 use crate::model::{self, Error, InventoryChange, InventoryEvent};
 use crate::proto::{self, node_server};
 
@@ -33,6 +34,18 @@ async fn detached<T: Send + 'static>(
         Ok(r) => r.map_err(Status::from),
         Err(e) => Err(Status::internal(format!("node task failed: {e}"))),
     }
+}
+
+/// The JSON bodies of the build calls.
+fn from_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Status::invalid_argument(format!("a build call that does not parse: {e}")))
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Reply<proto::BuildCall> {
+    serde_json::to_vec(v)
+        .map(|json| Response::new(proto::BuildCall { json }))
+        .map_err(|e| Status::internal(format!("encoding a build answer: {e}")))
 }
 
 fn key_of(key: Option<proto::PoolKey>) -> model::Result<model::PoolKey> {
@@ -236,6 +249,53 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
             changed,
             sandbox: Some((&record).into()),
         }))
+    }
+
+    async fn request_build(&self, req: Request<proto::BuildCall>) -> Reply<proto::BuildCall> {
+        let r: RequestBuild = from_json(&req.into_inner().json)?;
+        to_json(&self.node.request_build(&r)?)
+    }
+
+    async fn start_build(&self, req: Request<proto::BuildCall>) -> Reply<proto::BuildCall> {
+        let r: StartBuild = from_json(&req.into_inner().json)?;
+        self.node.start_build(r)?;
+        to_json(&())
+    }
+
+    async fn get_build(&self, req: Request<proto::BuildCall>) -> Reply<proto::BuildCall> {
+        let q: BuildQuery = from_json(&req.into_inner().json)?;
+        to_json(&self.node.get_build(&q)?)
+    }
+
+    async fn has_build_files(&self, req: Request<proto::BuildCall>) -> Reply<proto::BuildCall> {
+        let f: FilesRef = from_json(&req.into_inner().json)?;
+        to_json(&self.node.has_build_files(&f)?)
+    }
+
+    async fn template_op(&self, req: Request<proto::BuildCall>) -> Reply<proto::BuildCall> {
+        let op: TemplateOp = from_json(&req.into_inner().json)?;
+        to_json(&self.node.template_op(op)?)
+    }
+
+    async fn put_build_files(
+        &self,
+        req: Request<tonic::Streaming<proto::FilesChunk>>,
+    ) -> Reply<proto::BuildCall> {
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an upload needs its first chunk"))?;
+        let f: FilesRef = from_json(&first.json)?;
+        let head = futures::stream::iter([Ok(bytes::Bytes::from(first.data))]);
+        let rest = futures::StreamExt::map(stream, |c| {
+            c.map(|c| bytes::Bytes::from(c.data))
+                .map_err(|e| Error::unavailable(format!("the upload broke off: {e}")))
+        });
+        self.node
+            .put_build_files(&f, futures::StreamExt::chain(head, rest))
+            .await?;
+        to_json(&())
     }
 
     async fn set_on_timeout(

@@ -19,7 +19,7 @@ fn code_of(kind: ErrorKind) -> Code {
     match kind {
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
-        ErrorKind::Invalid => Code::InvalidArgument,
+        ErrorKind::Invalid | ErrorKind::TooLarge => Code::InvalidArgument,
         ErrorKind::Conflict => Code::FailedPrecondition,
         ErrorKind::NoCapacity | ErrorKind::StorageFull => Code::ResourceExhausted,
         ErrorKind::Unavailable => Code::Unavailable,
@@ -55,14 +55,21 @@ fn kind_of(code: Code) -> ErrorKind {
 /// from a spare one (DATA_LOSS, OUT_OF_RANGE) would be misread by it as a 500 or a 400.
 const KIND_METADATA: &str = "x-sandbox-error-kind";
 const STORAGE_FULL: &str = "storage-full";
+/// INVALID_ARGUMENT refined: the request was over a size limit (413 rather than 400).
+const TOO_LARGE: &str = "too-large";
 
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         let mut status = Status::new(code_of(e.kind), e.message);
-        if e.kind == ErrorKind::StorageFull {
+        let refined = match e.kind {
+            ErrorKind::StorageFull => Some(STORAGE_FULL),
+            ErrorKind::TooLarge => Some(TOO_LARGE),
+            _ => None,
+        };
+        if let Some(r) = refined {
             status.metadata_mut().insert(
                 KIND_METADATA,
-                tonic::metadata::MetadataValue::from_static(STORAGE_FULL),
+                tonic::metadata::MetadataValue::from_static(r),
             );
         }
         status
@@ -78,6 +85,7 @@ pub fn error_from_status(status: &Status) -> Error {
         .and_then(|v| v.to_str().ok());
     let kind = match (status.code(), refined) {
         (Code::ResourceExhausted, Some(STORAGE_FULL)) => ErrorKind::StorageFull,
+        (Code::InvalidArgument, Some(TOO_LARGE)) => ErrorKind::TooLarge,
         (code, _) => kind_of(code),
     };
     Error::new(kind, status.message().to_string())
@@ -333,12 +341,17 @@ impl From<&model::NodeInfo> for super::NodeInfo {
                     source: t.source.clone(),
                     created_at_ms: t.created_at.map(to_ms).unwrap_or(0),
                     aliases: t.aliases.clone(),
+                    owner: t.owner.clone(),
+                    e2b_names: t.e2b_names.clone(),
+                    public: t.public,
+                    layer_bytes: t.layer_bytes,
                     size: t.size.clone(),
                 })
                 .collect(),
             boundary: i.boundary.clone(),
             captures_memory: i.captures_memory,
             templates_building: i.templates_building.clone(),
+            builds: i.builds,
             usage: i
                 .usage
                 .iter()
@@ -402,11 +415,16 @@ impl From<super::NodeInfo> for model::NodeInfo {
                     source: t.source,
                     aliases: t.aliases,
                     size: t.size,
+                    owner: t.owner,
+                    e2b_names: t.e2b_names,
+                    public: t.public,
+                    layer_bytes: t.layer_bytes,
                 })
                 .collect(),
             boundary: i.boundary,
             captures_memory: i.captures_memory,
             templates_building: i.templates_building,
+            builds: i.builds,
             usage: i
                 .usage
                 .into_iter()
@@ -492,6 +510,7 @@ mod tests {
             ErrorKind::Unavailable,
             ErrorKind::OutcomeUnknown,
             ErrorKind::StorageFull,
+            ErrorKind::TooLarge,
             ErrorKind::Unauthenticated,
             ErrorKind::Forbidden,
             ErrorKind::Internal,

@@ -48,7 +48,12 @@ fn setup(spec: &BootSpec, sync: OwnedFd) -> io::Result<i32> {
         })
         .map_err(|e| io::Error::other(format!("becoming the sandbox's root: {e}")))?;
 
-    mounts::assemble_root(spec.root_kind, spec.memory_bytes).map_err(ctx("assembling the root"))?;
+    mounts::assemble_root(
+        spec.root_kind,
+        spec.template_layers.len(),
+        spec.memory_bytes,
+    )
+    .map_err(ctx("assembling the root"))?;
     let pivoted = mounts::enter_root().map_err(ctx("entering the root"))?;
     nix::unistd::sethostname(&spec.hostname)
         .map_err(|e| io::Error::other(format!("setting the hostname: {e}")))?;
@@ -57,7 +62,10 @@ fn setup(spec: &BootSpec, sync: OwnedFd) -> io::Result<i32> {
 
     close_inherited_fds();
     let filters = seccomp::filters()?;
-    seccomp::no_new_privs()?;
+    // No NO_NEW_PRIVS: `sudo` and other setuid programs work inside, as on e2b. They reach
+    // only the sandbox's root, which any caller of the API has anyway (`user="root"`), and
+    // the filter and the capability bound below hold for them too (the init is root in its
+    // user namespace, which lets it install the filter without the flag).
     let withheld: &[u32] = if pivoted {
         &[]
     } else {

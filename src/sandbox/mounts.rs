@@ -52,16 +52,27 @@ pub fn make_private() -> io::Result<()> {
     .map_err(err("making the mount namespace private"))
 }
 
-/// Mounts the sandbox's root at `root` (relative to the current directory).
-pub fn assemble_root(kind: RootKind, memory_bytes: u64) -> io::Result<()> {
+/// The overlay's lower directories, top first: a built template's layers over its root.
+/// Relative names keep the options within the page `mount(2)` takes for hundreds of layers.
+fn lowerdirs(layers: usize) -> String {
+    let mut dirs: Vec<String> = (0..layers)
+        .map(|i| format!("{}/{i}", layout::LAYERS))
+        .collect();
+    dirs.push(layout::LOWER.to_string());
+    dirs.join(":")
+}
+
+/// Mounts the sandbox's root at `root` (relative to the current directory), with `layers`
+/// layers of a built template over the template's root.
+pub fn assemble_root(kind: RootKind, layers: usize, memory_bytes: u64) -> io::Result<()> {
     let root = Path::new(layout::ROOT);
     make_private()?;
     let disk = layout::DISK_MOUNT;
     // userxattr: overlay's bookkeeping lives in user.* attributes, which an unprivileged
-    // (user-namespace) mount may write.
+    // (user-namespace) mount may write; layers committed from such an upper read the same way.
     let opts = format!(
         "lowerdir={},upperdir={disk}/upper,workdir={disk}/work,userxattr",
-        layout::LOWER
+        lowerdirs(layers)
     );
     mount(
         Some("overlay"),
@@ -260,4 +271,18 @@ pub fn write_identity(hostname: &str, resolver: Option<&str>) -> io::Result<()> 
         None => std::fs::write(&resolv, "")?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_stack_over_the_root_top_first() {
+        assert_eq!(lowerdirs(0), "lower");
+        assert_eq!(lowerdirs(3), "layers/0:layers/1:layers/2:lower");
+        // The most layers a template may stack (node builds' MAX_LAYERS) fit mount(2)'s page
+        // with room for the other options.
+        assert!(lowerdirs(120).len() < 2000);
+    }
 }

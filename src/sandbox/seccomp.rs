@@ -179,19 +179,18 @@ pub fn bound_capabilities(also: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
-/// No program started from here on can gain privileges (setuid bits and file capabilities
-/// are ignored).
-pub fn no_new_privs() -> io::Result<()> {
-    // SAFETY: plain prctl.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lets an unprivileged test child install the filter.
+    fn no_new_privs() -> io::Result<()> {
+        // SAFETY: plain prctl.
+        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
 
     #[test]
     fn filters_compile() {

@@ -20,6 +20,8 @@ pub mod layout {
     pub const DISK_MOUNT: &str = "disk";
     /// Where the template's root filesystem is bound read-only.
     pub const LOWER: &str = "lower";
+    /// Where a built template's layers are bound read-only: `layers/0` is the top one.
+    pub const LAYERS: &str = "layers";
     /// Where the host's `/usr` is bound read-only for templates composed from it.
     pub const HOST_USR: &str = "host-usr";
     /// The overlay's mount point: the sandbox's root.
@@ -99,6 +101,9 @@ pub struct BootSpec {
     pub dir: PathBuf,
     /// The template's root filesystem, owned by the mapped ids.
     pub template_root: PathBuf,
+    /// The layers a built template stacks over that root, top first (overlay upper format).
+    #[serde(default)]
+    pub template_layers: Vec<PathBuf>,
     pub root_kind: RootKind,
     pub ids: IdMap,
     pub net: Net,
@@ -171,6 +176,7 @@ mod tests {
             instance_id: "in_0123".into(),
             dir: dir.path().to_path_buf(),
             template_root: "/t/base/rootfs".into(),
+            template_layers: Vec::new(),
             root_kind: RootKind::HostUsr,
             ids: IdMap::new(1_000_000).unwrap(),
             net: Net::Egress,

@@ -61,6 +61,11 @@ fn supervise(spec_path: &Path, lifeline: Option<RawFd>) -> io::Result<i32> {
 
     attach_disk(&spec)?;
     bind_read_only(&spec.template_root, Path::new(layout::LOWER))?;
+    for (i, layer) in spec.template_layers.iter().enumerate() {
+        let at = Path::new(layout::LAYERS).join(i.to_string());
+        std::fs::create_dir_all(&at).map_err(ctx("preparing a layer's mount point"))?;
+        bind_read_only(layer, &at)?;
+    }
     if spec.root_kind == RootKind::HostUsr {
         bind_read_only(Path::new("/usr"), Path::new(layout::HOST_USR))?;
     }

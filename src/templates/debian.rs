@@ -13,8 +13,8 @@ use super::{Kind, Progress, TemplateMeta, new_meta};
 use crate::model::{Error, Result};
 use crate::sandbox::spec::{IdMap, RootKind};
 
-/// What `base` holds, as on e2b's base template: a shell and the usual tools, Python with pip,
-/// Node.js with npm, git and curl.
+/// What `base` holds, as on e2b's base template: a shell and the usual tools, Python with pip
+/// (`python` too), Node.js with npm, git, curl and sudo.
 pub const BASE_PACKAGES: &[&str] = &[
     "bash",
     "ca-certificates",
@@ -30,6 +30,8 @@ pub const BASE_PACKAGES: &[&str] = &[
     "python3",
     "python3-pip",
     "python3-venv",
+    "python-is-python3",
+    "sudo",
 ];
 
 const SUITE_FALLBACK: &str = "bookworm";
@@ -143,10 +145,12 @@ pub(super) fn run_with_progress(
     Ok(())
 }
 
-/// Hooks run inside the new tree: the e2b user, and pip allowed to install (Debian marks
-/// its Python as externally managed, which would refuse `pip install` outright).
+/// Hooks run inside the new tree: the e2b user with passwordless sudo (as on e2b; it reaches
+/// only the sandbox's own root), and pip allowed to install (Debian marks its Python as
+/// externally managed, which would refuse `pip install` outright).
 const CUSTOMIZE: &[&str] = &[
-    "chroot \"$1\" useradd --create-home --uid 1000 --user-group --shell /bin/bash user",
+    "chroot \"$1\" useradd --create-home --uid 1000 --user-group --groups sudo --shell /bin/bash user",
+    "echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > \"$1\"/etc/sudoers.d/user && chmod 0440 \"$1\"/etc/sudoers.d/user",
     "rm -f \"$1\"/usr/lib/python3*/EXTERNALLY-MANAGED",
 ];
 

@@ -6,6 +6,7 @@
 //! when mmdebstrap is missing, composed from the host's `/usr`.
 
 pub mod build;
+pub mod built;
 mod code_interpreter;
 mod debian;
 mod derive;
@@ -53,6 +54,8 @@ pub enum Kind {
     Oci,
     /// Composed from the host's /usr (the fallback without mmdebstrap).
     Host,
+    /// Built by an e2b `Template.build`: layers over its parent's.
+    Built,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,12 +90,30 @@ pub struct TemplateMeta {
     /// missing" also rebuilds one made from another recipe.
     #[serde(default)]
     pub recipe: Option<String>,
+    /// A built template's layers over `rootfs`, top first (their ids under `.layers/`).
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// The user its sandboxes' commands run as by default (`user` when unset).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Started in each of its sandboxes before the sandbox is handed out; `ready_cmd` says when
+    /// it is up.
+    #[serde(default)]
+    pub start_cmd: Option<String>,
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
+    /// Who built it and what e2b calls it, for templates built through the e2b API.
+    #[serde(default)]
+    pub e2b: Option<built::E2bIdentity>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Template {
     pub meta: TemplateMeta,
+    /// Its root filesystem (links resolved).
     pub root: PathBuf,
+    /// The layers stacked over `root`, top first.
+    pub layers: Vec<PathBuf>,
 }
 
 /// What a templates directory holds under a name.
@@ -221,7 +242,16 @@ impl TemplateStore {
         // rootfs may live on another disk.
         match fs::metadata(&root) {
             Ok(m) if m.is_dir() && m.uid() == meta.uid_base => {
-                Ok(Found::Usable(Box::new(Template { meta, root })))
+                let root = fs::canonicalize(&root).unwrap_or(root);
+                let mut layers = Vec::with_capacity(meta.layers.len());
+                for id in &meta.layers {
+                    let layer = self.layer_path(id);
+                    if !layer.is_dir() {
+                        return damaged(format!("its layer {id} is missing"));
+                    }
+                    layers.push(layer);
+                }
+                Ok(Found::Usable(Box::new(Template { meta, root, layers })))
             }
             Ok(m) if m.is_dir() => damaged(format!(
                 "its files belong to uid {}, not to this node's uid base {} (copied without keeping owners? `cp -a` keeps them)",
@@ -510,6 +540,12 @@ impl TemplateStore {
         };
         let root = staging.join(ROOTFS);
         meta.size_bytes = crate::fsx::tree_disk_usage(&root).unwrap_or(0);
+        // The tree itself lives on as a root layer, so that templates built on this one keep
+        // theirs when this one is rebuilt.
+        if let Err(e) = self.keep_root_as_layer(&staging, &meta.id) {
+            let _ = fs::remove_dir_all(&staging);
+            return Err(e);
+        }
         let bytes = serde_json::to_vec_pretty(&meta)
             .map_err(|e| Error::internal(format!("encoding the template description: {e}")))?;
         crate::fsx::write_atomic(&staging.join(META), &bytes)
@@ -523,7 +559,7 @@ impl TemplateStore {
         }
         fs::rename(&staging, &dest).map_err(io(format!("installing {}", dest.display())))?;
         if old.exists() {
-            let _ = fs::remove_dir_all(&old);
+            self.remove_replaced(&old);
         }
         progress(&format!(
             "template {} ready in {:.0} s ({} MiB)",
@@ -550,19 +586,11 @@ impl TemplateStore {
             return Ok(plain);
         }
         let tmp = dir.join(format!(".rootfs-plain-{}", ids::random_hex(4)));
-        let out = std::process::Command::new("cp")
-            .args(["-a", "--reflink=auto"])
-            .arg(&t.root)
-            .arg(&tmp)
-            .output()
-            .map_err(io("copying the template"))?;
-        if !out.status.success() {
-            let _ = fs::remove_dir_all(&tmp);
-            return Err(Error::internal(format!(
-                "copying the template failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
+        // A built template's layers are applied over the copy of its root, as an overlay
+        // would show them: gVisor's root is one plain tree.
+        let bottom_up: Vec<PathBuf> = t.layers.iter().rev().cloned().collect();
+        layers::flatten(&t.root, &bottom_up, &tmp)
+            .map_err(io(format!("copying the template {}", t.meta.name)))?;
         if let Err(e) = shift::shift_tree(&tmp, self.ids, shift::Shift::Out) {
             let _ = fs::remove_dir_all(&tmp);
             return Err(Error::io("giving the copy the image's ids", e));
@@ -591,6 +619,7 @@ impl TemplateStore {
 
     pub fn clean_staging(&self) {
         let Ok(_lock) = self.lock() else { return };
+        self.clean_new_layers();
         if let Ok(entries) = fs::read_dir(&self.dir) {
             for e in entries.flatten() {
                 let n = e.file_name().to_string_lossy().to_string();
@@ -636,6 +665,11 @@ fn new_meta(
         services: Vec::new(),
         size: None,
         recipe: None,
+        layers: Vec::new(),
+        user: None,
+        start_cmd: None,
+        ready_cmd: None,
+        e2b: None,
     }
 }
 
@@ -668,14 +702,26 @@ mod tests {
         assert_eq!(store.get("base").unwrap().meta.uid_base, 400_000);
         assert_eq!(store.list().len(), 1);
 
+        // The tree lives on as a root layer; `rootfs` links to it.
+        let link = dir.path().join("base").join(ROOTFS);
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        let root = fs::canonicalize(&link).unwrap();
+        assert!(root.starts_with(dir.path().join(built::LAYERS)), "{root:?}");
         // A rootfs that is a link to a tree elsewhere (another disk) is followed.
-        let root = dir.path().join("base").join(ROOTFS);
+        let target = fs::read_link(&link).unwrap();
         let elsewhere = dir.path().join("elsewhere");
         fs::rename(&root, &elsewhere).unwrap();
-        std::os::unix::fs::symlink(&elsewhere, &root).unwrap();
+        fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
         assert!(store.get("base").is_ok());
-        fs::remove_file(&root).unwrap();
+        fs::remove_file(&link).unwrap();
         fs::rename(&elsewhere, &root).unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
 
         // What `cp -r` run by root does to the tree's top.
         std::os::unix::fs::lchown(&root, Some(0), Some(0)).unwrap();

@@ -136,6 +136,22 @@ impl Runtime for AnyRuntime {
         on!(self, inst, |r, i| r.capture(&i, paused, dest).await)
     }
 
+    async fn commit(
+        &self,
+        inst: &Instance<AnyHandle>,
+        dest: &Path,
+        skip: &'static [&'static str],
+    ) -> Result<Option<u64>> {
+        on!(self, inst, |r, i| r.commit(&i, dest, skip).await)
+    }
+
+    fn commits(&self) -> bool {
+        match self {
+            AnyRuntime::Builtin(r) => r.commits(),
+            AnyRuntime::Gvisor(r) => r.commits(),
+        }
+    }
+
     async fn usage(&self, inst: &Instance<AnyHandle>) -> Result<Usage> {
         on!(self, inst, |r, i| r.usage(&i).await)
     }

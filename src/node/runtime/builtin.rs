@@ -267,6 +267,7 @@ impl BuiltinRuntime {
             instance_id: spec.instance_id.to_string(),
             dir: dir.to_path_buf(),
             template_root: spec.template.root.clone(),
+            template_layers: spec.template.layers.clone(),
             root_kind: spec.template.meta.root_kind,
             ids: self.cfg.ids,
             net,
@@ -494,6 +495,35 @@ impl Runtime for BuiltinRuntime {
             let _ = std::fs::remove_dir_all(dest);
         }
         outcome
+    }
+
+    async fn commit(
+        &self,
+        inst: &Instance<BuiltinHandle>,
+        dest: &Path,
+        skip: &'static [&'static str],
+    ) -> Result<Option<u64>> {
+        // Frozen, so the tree holds still while it is read; the instance is destroyed next.
+        self.pause(inst).await?;
+        let upper = Self::disk_path(&inst.handle, &inst.dir).join("upper");
+        let dest = dest.to_path_buf();
+        blocking(move || {
+            // Read through the supervisor's mount namespace as host root; the walk never
+            // follows the sandbox's links.
+            if crate::templates::layers::is_empty(&upper, skip)
+                .map_err(io_err("reading the sandbox's writes"))?
+            {
+                return Ok(None);
+            }
+            crate::templates::layers::commit(&upper, &dest, skip)
+                .map(Some)
+                .map_err(io_err("committing the sandbox's writes"))
+        })
+        .await
+    }
+
+    fn commits(&self) -> bool {
+        true
     }
 
     async fn usage(&self, inst: &Instance<BuiltinHandle>) -> Result<Usage> {

@@ -134,6 +134,28 @@ pub trait Runtime: Send + Sync + 'static {
         dest: &Path,
     ) -> impl Future<Output = Result<u64>> + Send;
 
+    /// Copies what the instance wrote over its template (its overlay's upper directory) into
+    /// the new directory `dest` as a layer, leaving out the relative paths in `skip`; the
+    /// instance is frozen meanwhile and is not resumed. Answers the layer's bytes, or None
+    /// when the instance wrote nothing. Runtimes without a host-side upper refuse.
+    fn commit(
+        &self,
+        _inst: &Instance<Self::Handle>,
+        _dest: &Path,
+        _skip: &'static [&'static str],
+    ) -> impl Future<Output = Result<Option<u64>>> + Send {
+        async {
+            Err(Error::invalid(
+                "this node's runtime keeps a sandbox's writes in its memory and cannot build templates; build on a node with the built-in runtime",
+            ))
+        }
+    }
+
+    /// Whether `commit` works here.
+    fn commits(&self) -> bool {
+        false
+    }
+
     fn usage(&self, inst: &Instance<Self::Handle>) -> impl Future<Output = Result<Usage>> + Send;
 
     fn is_alive(&self, inst: &Instance<Self::Handle>) -> bool;

@@ -2,3 +2,4 @@
 //! their cache, run in real sandboxes on a node and committed as layers over the parent.
 
 pub mod archive;
+pub mod steps;

@@ -112,7 +112,8 @@ pub fn spec(b: &BundleSpec<'_>) -> Result<Spec> {
         ])
         .cwd("/")
         .capabilities(capabilities)
-        .no_new_privileges(true)
+        // setuid programs (sudo) reach only the sandbox's root, inside gVisor's kernel.
+        .no_new_privileges(false)
         .build()
         .map_err(err)?;
     let mut mounts = oci_spec::runtime::get_default_mounts();
