@@ -346,43 +346,8 @@ async fn a_gibibyte_of_output_streams_in_bounded_memory(gw: &Gateway, sb: &str, 
 /// `kubectl` makes a sandbox of image `code-interpreter`; its port 49999 runs code the same
 /// way (the data plane knows it by its claim id).
 async fn a_kubectl_sandbox_runs_code(gw: &mut Gateway, tmp: &Path) {
-    let line = gw.proc.wait_line(
-        "Kubernetes API listening on https://",
-        Duration::from_secs(5),
-    );
-    let kube = line.rsplit(' ').next().unwrap().trim().to_string();
-    let out = std::process::Command::new(BIN)
-        .args(["kubeconfig", "--server", &kube, "--api-key", KEY_A])
-        .args(["--namespace", "team-a", "--data-dir"])
-        .arg(&gw.data)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let config = tmp.join("kubeconfig");
-    std::fs::write(&config, out.stdout).unwrap();
-    let kubectl = |args: &[&str], stdin: Option<&str>| {
-        use std::io::Write;
-        let mut c = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&config)
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        if let Some(s) = stdin {
-            c.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-        }
-        drop(c.stdin.take());
-        let o = c.wait_with_output().unwrap();
-        assert!(
-            o.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let k = Kubectl::for_gateway(gw, tmp);
+    let kubectl = |args: &[&str], stdin: Option<&str>| k.run(args, stdin);
     kubectl(
         &["create", "-f", "-"],
         Some(

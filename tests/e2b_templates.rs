@@ -34,7 +34,10 @@ async fn gateway(tmp: &Path, extra: &[&str]) -> Gateway {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Gateway::start(tmp, &args)
+    let gw = Gateway::start(tmp, &args);
+    // The node is up (and has booted a sandbox) before the first build is asked for.
+    gw.wait_warm(1, "base").await;
+    gw
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,4 +291,306 @@ async fn bad_build_input_is_refused_and_nothing_is_kept() {
 
 fn uuid_like(s: &str) -> bool {
     s.len() == 36 && s.chars().filter(|&c| c == '-').count() == 4
+}
+
+/// Builds `steps` from `base` as `alias` for `key` over plain HTTP; answers the template id
+/// once the build is ready.
+async fn build(gw: &Gateway, key: &str, alias: &str, steps: Value) -> String {
+    let made = gw
+        .call(
+            reqwest::Method::POST,
+            "/v3/templates",
+            Some(key),
+            Some(json!({"name": alias})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::ACCEPTED, "{:?}", made.body);
+    let tid = made.body["templateID"].as_str().unwrap().to_string();
+    let bid = made.body["buildID"].as_str().unwrap().to_string();
+    let started = gw
+        .call(
+            reqwest::Method::POST,
+            &format!("/v2/templates/{tid}/builds/{bid}"),
+            Some(key),
+            Some(json!({"fromTemplate": "base", "force": false, "steps": steps})),
+        )
+        .await;
+    assert_eq!(started.status, StatusCode::ACCEPTED);
+    for _ in 0..600 {
+        let s = gw
+            .call(
+                reqwest::Method::GET,
+                &format!("/templates/{tid}/builds/{bid}/status"),
+                Some(key),
+                None,
+            )
+            .await;
+        match s.body["status"].as_str() {
+            Some("ready") => return tid,
+            Some("error") => panic!("the build failed: {}", s.body),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
+    panic!("the build did not end within 2 minutes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_built_template_is_a_kubernetes_sandboxs_image_in_its_namespace_only() {
+    let (tmp, _) = workspace();
+    let mut gw = gateway(tmp.path(), &[]).await;
+    let steps = json!([{"type": "RUN", "args": ["echo from-the-build > /home/user/k"]}]);
+    let tid = build(&gw, KEY_A, "kube-image", steps).await;
+    let k = Kubectl::for_gateway(&mut gw, tmp.path());
+    k.run(
+        &["create", "-f", "-"],
+        Some(
+            r#"{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+                "metadata": {"name": "built"},
+                "spec": {"podTemplate": {"spec": {"containers": [{"name": "main", "image": "kube-image"}]}}}}"#,
+        ),
+    );
+    let obj: Value =
+        serde_json::from_str(&k.run(&["get", "sandbox", "built", "-o", "json"], None)).unwrap();
+    let claim = obj["metadata"]["annotations"]["sandbox.cocoonstack.io/claim-id"]
+        .as_str()
+        .expect("claim id")
+        .to_string();
+    let detail = gw.get(KEY_A, &claim).await;
+    assert_eq!(detail.status, StatusCode::OK, "{:?}", detail.body);
+    let (code, out) = gw.run(&detail.body, "cat /home/user/k").await.unwrap();
+    assert_eq!((code, out.trim()), (0, "from-the-build"));
+    k.run(&["delete", "sandbox", "built"], None);
+
+    // Another namespace's create of the same image is refused: the name is team-a's.
+    let b = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_B),
+            Some(json!({"templateID": "kube-image", "timeout": 30})),
+        )
+        .await;
+    assert_eq!(b.status, StatusCode::NOT_FOUND, "{:?}", b.body);
+    let by_id = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_B),
+            Some(json!({"templateID": tid, "timeout": 30})),
+        )
+        .await;
+    assert_eq!(by_id.status, StatusCode::NOT_FOUND, "{:?}", by_id.body);
+
+    // The node says who owns it and what they call it (what its NodeInventory publishes).
+    let nodes = gw
+        .call(reqwest::Method::GET, "/templates", Some(KEY_A), None)
+        .await;
+    assert!(
+        nodes
+            .body
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["templateID"] == tid.as_str()),
+        "{:?}",
+        nodes.body
+    );
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+}
+
+/// Requests a build of `alias` and starts it with `steps`; answers (template id, build id).
+async fn start_build(gw: &Gateway, alias: &str, steps: Value) -> (String, String) {
+    let made = gw
+        .call(
+            reqwest::Method::POST,
+            "/v3/templates",
+            Some(KEY_A),
+            Some(json!({"name": alias})),
+        )
+        .await;
+    let tid = made.body["templateID"].as_str().unwrap().to_string();
+    let bid = made.body["buildID"].as_str().unwrap().to_string();
+    let started = gw
+        .call(
+            reqwest::Method::POST,
+            &format!("/v2/templates/{tid}/builds/{bid}"),
+            Some(KEY_A),
+            Some(json!({"fromTemplate": "base", "steps": steps})),
+        )
+        .await;
+    assert_eq!(started.status, StatusCode::ACCEPTED, "{:?}", started.body);
+    (tid, bid)
+}
+
+async fn status(gw: &Gateway, tid: &str, bid: &str) -> Value {
+    gw.call(
+        reqwest::Method::GET,
+        &format!("/templates/{tid}/builds/{bid}/status"),
+        Some(KEY_A),
+        None,
+    )
+    .await
+    .body
+}
+
+/// Polls until the build ends; answers its last status.
+async fn ended(gw: &Gateway, tid: &str, bid: &str) -> Value {
+    for _ in 0..600 {
+        let s = status(gw, tid, bid).await;
+        if matches!(s["status"].as_str(), Some("ready" | "error")) {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("build {bid} did not end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_end_clearly_when_cancelled_out_of_room_or_interrupted() {
+    let (tmp, _) = workspace();
+    let mut gw = gateway(tmp.path(), &["--sandbox-disk-mib", "64"]).await;
+
+    // A step that fills the build's disk fails with the reason.
+    let fill =
+        json!([{"type": "RUN", "args": ["dd if=/dev/zero of=/home/user/fill bs=1M count=200"]}]);
+    let (tid, bid) = start_build(&gw, "fills", fill).await;
+    let s = ended(&gw, &tid, &bid).await;
+    assert_eq!(s["status"], "error", "{s}");
+    assert_eq!(s["reason"]["step"], "1", "{s}");
+    let why = s["reason"]["message"].as_str().unwrap();
+    assert!(why.contains("disk is full"), "{why}");
+
+    // A newer build of a template cancels the one under way.
+    let slow = json!([{"type": "RUN", "args": ["sleep 60"]}]);
+    let (tid, first) = start_build(&gw, "superseded", slow.clone()).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let (again, second) = start_build(
+        &gw,
+        "superseded",
+        json!([{"type": "RUN", "args": ["true"]}]),
+    )
+    .await;
+    assert_eq!(again, tid);
+    let s = ended(&gw, &tid, &first).await;
+    assert_eq!(s["status"], "error");
+    assert!(
+        s["reason"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled"),
+        "{s}"
+    );
+    assert_eq!(ended(&gw, &tid, &second).await["status"], "ready");
+
+    // A build under way when its node stops is reported as interrupted after the restart,
+    // never left building.
+    let (tid, bid) = start_build(&gw, "interrupted", slow).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(status(&gw, &tid, &bid).await["status"], "building");
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    let mut gw = Gateway::start(
+        tmp.path(),
+        &[
+            "--templates-dir",
+            &tmp.path().join("templates").display().to_string(),
+            "--pool",
+            "base=1",
+        ],
+    );
+    gw.wait_warm(1, "base after the restart").await;
+    let s = status(&gw, &tid, &bid).await;
+    assert_eq!(s["status"], "error", "{s}");
+    assert!(
+        s["reason"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted"),
+        "{s}"
+    );
+    // What was built before is still there and starts.
+    let made = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "superseded", "timeout": 30})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+}
+
+/// A gVisor node cannot build (its sandboxes keep their writes in memory), but it starts
+/// templates built elsewhere in the templates directory it shares: their layers are applied
+/// over a copy of the parent's root, deletions included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_built_on_one_runtime_start_on_gvisor() {
+    let (tmp, _) = workspace();
+    let mut gw = gateway(tmp.path(), &[]).await;
+    let steps = json!([
+        {"type": "RUN", "args": ["echo layered > /home/user/made && rm /home/user/.bashrc"]},
+        {"type": "RUN", "args": ["echo again >> /home/user/made", "root"]},
+    ]);
+    build(&gw, KEY_A, "for-gvisor", steps).await;
+    gw.proc.terminate();
+    let templates = tmp.path().join("templates").display().to_string();
+    let mut gv = Gateway::start_named(
+        tmp.path(),
+        "gv",
+        &[
+            "--templates-dir",
+            &templates,
+            "--runtime",
+            "gvisor",
+            "--pool",
+            "base=1",
+        ],
+    );
+    gv.wait_warm(1, "base on gvisor").await;
+    let made = gv
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "for-gvisor", "timeout": 60})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let (code, out) = gv
+        .run(
+            &made.body,
+            "cat /home/user/made; [ -e /home/user/.bashrc ] && echo present || echo absent",
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out, "layered\nagain\nabsent\n",
+        "the layer's deletion holds too"
+    );
+    // Building here is refused with the reason, at the base step.
+    let refused = gv
+        .call(
+            reqwest::Method::POST,
+            "/v3/templates",
+            Some(KEY_A),
+            Some(json!({"name": "on-gvisor"})),
+        )
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"].as_str().unwrap().contains("build"),
+        "{:?}",
+        refused.body
+    );
+    gv.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gv.data.join("node/sandboxes")]).await;
 }

@@ -346,6 +346,13 @@ async fn the_boundary_holds_and_refusals_lose_nothing() {
         !locked.stdout.contains("CROSSED") && locked.stdout.contains("done"),
         "{locked:?}"
     );
+    // gVisor's kernel runs the sandbox's processes with no_new_privs whatever the bundle says,
+    // so sudo refuses, clearly (README: use the SDKs' user="root" there).
+    let sudo = a.run("sudo -n id -u");
+    assert!(
+        sudo.exit_code != 0 && sudo.stderr.contains("no new privileges"),
+        "{sudo:?}"
+    );
 
     // The template is not changed by what a sandbox writes to its root.
     a.run_as(

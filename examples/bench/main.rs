@@ -24,6 +24,7 @@ mod gvisor_pool;
 mod interpreter;
 mod kube;
 mod lists;
+mod template_builds;
 mod transfers;
 
 #[allow(dead_code)]
@@ -101,6 +102,7 @@ const SECTIONS: &[&str] = &[
     "gvisor-verbs",
     "gvisor-pool",
     "interpreter",
+    "template-builds",
 ];
 
 const VERB_RUNS: usize = 7;
@@ -122,6 +124,7 @@ struct Run {
     cluster: Option<cluster::ClusterBench>,
     gvisor: gvisor::GvisorRun,
     interpreter: Option<interpreter::InterpreterBench>,
+    template_builds: Option<template_builds::TemplateBuildBench>,
 }
 
 const POOL: u32 = 128;
@@ -187,6 +190,9 @@ fn measure(rt: &tokio::runtime::Runtime, sections: &[&str], opts: &Options) -> R
                 run.cluster = Some(cluster::ClusterBench { runs, visibility });
             }
             "interpreter" => run.interpreter = Some(rt.block_on(interpreter::bench(samples))?),
+            "template-builds" => {
+                run.template_builds = Some(rt.block_on(template_builds::bench(samples))?)
+            }
             s @ ("gvisor-verbs" | "gvisor-pool") => {
                 rt.block_on(gvisor::measure(s, samples, &mut run.gvisor))?
             }
@@ -247,6 +253,9 @@ fn render_sections(run: &Run) -> String {
         cluster::render_cluster(&mut o, c);
     }
     gvisor::render(&mut o, &run.gvisor);
+    if let Some(b) = &run.template_builds {
+        template_builds::render(&mut o, b);
+    }
     if let Some(i) = &run.interpreter {
         interpreter::render(&mut o, i);
     }

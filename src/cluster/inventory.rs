@@ -69,6 +69,25 @@ pub struct TemplateEntry {
     pub packages: Vec<String>,
     #[serde(default)]
     pub kind: String,
+    /// The namespace whose team built it through e2b (none for the node's own).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+    /// What its owner calls it: template id, alias, `alias:tag`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+}
+
+impl TemplateEntry {
+    pub fn of(t: &crate::model::TemplateInfo) -> Self {
+        TemplateEntry {
+            name: t.name.clone(),
+            size_bytes: t.size_bytes,
+            packages: t.packages.clone(),
+            kind: t.kind.clone(),
+            owner: t.owner.clone(),
+            names: t.e2b_names.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,16 +266,7 @@ impl NodeInventory {
             data_address: info.data_address.clone(),
             runtime: info.runtime.clone(),
             captures_memory: info.captures_memory,
-            templates: info
-                .template_info
-                .iter()
-                .map(|t| TemplateEntry {
-                    name: t.name.clone(),
-                    size_bytes: t.size_bytes,
-                    packages: t.packages.clone(),
-                    kind: t.kind.clone(),
-                })
-                .collect(),
+            templates: info.template_info.iter().map(TemplateEntry::of).collect(),
             published_at: Some(at),
         }
     }
@@ -352,6 +362,30 @@ mod tests {
         let bare = InventoryEntry::from_record(&record("sb_00000000000000bb", ""));
         assert_eq!(bare.name, "sb_00000000000000bb");
         assert_eq!(bare.to_record("n1", 0).unwrap().claim_ref, "");
+    }
+
+    #[test]
+    fn built_templates_are_published_with_their_owner_and_names() {
+        let base = TemplateEntry::of(&crate::model::TemplateInfo {
+            name: "base".into(),
+            ..Default::default()
+        });
+        let built = TemplateEntry::of(&crate::model::TemplateInfo {
+            name: "k3x.6f1c2b8e".into(),
+            kind: "built".into(),
+            owner: "team-a".into(),
+            e2b_names: vec!["k3x".into(), "my-env".into(), "my-env:default".into()],
+            ..Default::default()
+        });
+        let json = serde_json::to_value([&base, &built]).unwrap();
+        assert_eq!(
+            json[0],
+            serde_json::json!({"name": "base", "sizeBytes": 0, "kind": ""})
+        );
+        assert_eq!(json[1]["owner"], "team-a");
+        assert_eq!(json[1]["names"][1], "my-env");
+        let back: Vec<TemplateEntry> = serde_json::from_value(json).unwrap();
+        assert_eq!(back, [base, built]);
     }
 
     #[test]

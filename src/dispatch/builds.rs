@@ -82,13 +82,9 @@ impl Dispatcher {
         effect: Effect,
         call: impl AsyncFn(&Arc<NodeHandle>) -> Result<T>,
     ) -> Result<T> {
-        let nodes: Vec<Arc<NodeHandle>> = self
-            .inner
-            .registry
-            .up()
-            .into_iter()
-            .filter(|h| h.info().is_some_and(|i| i.builds))
-            .collect();
+        // Every node: one that cannot build may share the templates (and their records)
+        // with one that can.
+        let nodes = self.inner.registry.up();
         let mut last = Error::not_found(format!("{what}: not found"));
         for node in nodes {
             match call(&node).await {
@@ -191,10 +187,8 @@ impl Dispatcher {
             Err(_) => return Vec::new(),
         };
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for node in self.inner.registry.up() {
-            if !node.info().is_some_and(|i| i.builds) {
-                continue;
-            }
             let mut c = node.conn().client();
             let reply = node
                 .conn()
@@ -206,7 +200,12 @@ impl Dispatcher {
                 )
                 .await;
             if let Ok(views) = reply.and_then(decode::<Vec<TemplateView>>) {
-                out.extend(views);
+                // Nodes sharing a templates directory know the same templates.
+                out.extend(
+                    views
+                        .into_iter()
+                        .filter(|v| seen.insert(v.record.template_id.clone())),
+                );
             }
         }
         out
@@ -287,7 +286,7 @@ impl Dispatcher {
                 .cfg
                 .lookup_timeout
                 .max(std::time::Duration::from_secs(1));
-            for h in up.iter().filter(|h| h.info().is_some_and(|i| i.builds)) {
+            for h in &up {
                 if let Ok(info) = h.conn().info(timeout).await {
                     h.set_info(info);
                 }
@@ -320,5 +319,25 @@ impl Dispatcher {
                 })
                 .map(|t| t.name)
         })
+    }
+
+    /// The node template a create of `asked` in `team`'s namespace starts: one the team built
+    /// (by alias, `alias:tag` or template id), another team's public one, or a node's own
+    /// (`base`). Another team's private template is not found, whatever it is called.
+    pub async fn template_for(&self, team: &str, asked: &str) -> Result<String> {
+        let lower = asked.trim().to_ascii_lowercase();
+        let name = lower.strip_suffix(":default").unwrap_or(&lower);
+        // The nodes' own templates (`base`) are the common case and need no second look.
+        if self.node_template(name).is_none()
+            && let Some(store) = self.resolve_built_now(team, name).await?
+        {
+            return Ok(store);
+        }
+        match self.template_owner(asked) {
+            Some((owner, public)) if !owner.is_empty() && owner != team && !public => {
+                Err(Error::not_found(format!("template {asked:?} not found")))
+            }
+            _ => Ok(asked.to_string()),
+        }
     }
 }

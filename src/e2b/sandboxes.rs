@@ -115,29 +115,6 @@ fn lifecycle(req: &wire::NewSandbox) -> ApiResult<model::Lifecycle> {
     })
 }
 
-/// The node template a create's `templateID` means for the team: one it built (by alias,
-/// `alias:tag` or template id), another team's public one, or a node's own (`base`). Another
-/// team's private template is not found, whatever it is called.
-async fn team_template(e2b: &E2b, tenant: &Tenant, asked: &str) -> ApiResult<String> {
-    let lower = asked.trim().to_ascii_lowercase();
-    let name = lower.strip_suffix(":default").unwrap_or(&lower);
-    // The nodes' own templates (`base`) are the common case and need no second look.
-    if e2b.dispatcher.node_template(name).is_none()
-        && let Some(store) = e2b
-            .dispatcher
-            .resolve_built_now(&tenant.namespace, name)
-            .await?
-    {
-        return Ok(store);
-    }
-    match e2b.dispatcher.template_owner(asked) {
-        Some((owner, public)) if !owner.is_empty() && owner != tenant.namespace && !public => {
-            Err(ApiError::not_found(format!("template {asked:?} not found")))
-        }
-        _ => Ok(asked.to_string()),
-    }
-}
-
 async fn create(
     e2b: &E2b,
     tenant: &Tenant,
@@ -181,7 +158,10 @@ async fn create(
             .claim_from_checkpoint(&template, &prefix, claim(base))
             .await?
     } else {
-        let template = team_template(e2b, tenant, &template).await?;
+        let template = e2b
+            .dispatcher
+            .template_for(&tenant.namespace, &template)
+            .await?;
         let key = PoolKey::template_sized(&template, net)
             .map_err(|e| ApiError::bad_request(format!("templateID: {}", e.message)))?;
         e2b.dispatcher.claim(claim(key)).await.map_err(|e| {

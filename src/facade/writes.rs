@@ -275,8 +275,13 @@ async fn apply_create(
 pub(super) async fn create_checked(
     facade: &Facade,
     ns: &str,
-    checked: create::Checked,
+    mut checked: create::Checked,
 ) -> KubeResult<HttpResponse> {
+    // The image may name a template the namespace's team built through e2b.
+    checked.claim.key.template = facade
+        .dispatcher
+        .template_for(ns, &checked.claim.key.template)
+        .await?;
     let mut claimed = facade.dispatcher.claim(checked.claim).await?;
     if checked.suspended {
         let id = claimed.record.id.clone();

@@ -130,7 +130,33 @@ pub fn filters() -> io::Result<Vec<BpfProgram>> {
 /// them and cannot remove them.
 pub fn install(filters: &[BpfProgram]) -> io::Result<()> {
     for f in filters {
-        seccompiler::apply_filter(f).map_err(|e| io::Error::other(format!("seccomp: {e}")))?;
+        if f.is_empty() {
+            return Err(io::Error::other("seccomp: an empty filter"));
+        }
+        let len = u16::try_from(f.len())
+            .map_err(|_| io::Error::other("seccomp: a filter longer than the kernel takes"))?;
+        let prog = libc::sock_fprog {
+            len,
+            filter: f.as_ptr() as *mut libc::sock_filter,
+        };
+        // seccompiler's own installer also sets NO_NEW_PRIVS, which would stop setuid programs
+        // (sudo) for good; a caller holding CAP_SYS_ADMIN in its user namespace (the sandbox's
+        // init) may install a filter without it.
+        // SAFETY: the kernel copies the program from `prog`, which outlives the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0 as libc::c_ulong,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::other(format!(
+                "seccomp: {}",
+                io::Error::last_os_error()
+            )));
+        }
     }
     Ok(())
 }

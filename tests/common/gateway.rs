@@ -204,6 +204,57 @@ impl Gateway {
     }
 }
 
+/// kubectl against a gateway's Kubernetes API, as team-a (KEY_A, namespace `team-a`).
+pub struct Kubectl {
+    config: std::path::PathBuf,
+}
+
+impl Kubectl {
+    /// Writes a kubeconfig for `gw` under `tmp`.
+    pub fn for_gateway(gw: &mut Gateway, tmp: &std::path::Path) -> Kubectl {
+        let line = gw.proc.wait_line(
+            "Kubernetes API listening on https://",
+            Duration::from_secs(5),
+        );
+        let kube = line.rsplit(' ').next().unwrap().trim().to_string();
+        let out = std::process::Command::new(super::BIN)
+            .args(["kubeconfig", "--server", &kube, "--api-key", KEY_A])
+            .args(["--namespace", "team-a", "--data-dir"])
+            .arg(&gw.data)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let config = tmp.join("kubeconfig");
+        std::fs::write(&config, out.stdout).unwrap();
+        Kubectl { config }
+    }
+
+    /// Runs kubectl with `args` (and `stdin`), which must succeed; answers its stdout.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> String {
+        use std::io::Write;
+        let mut c = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.config)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let Some(s) = stdin {
+            c.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        }
+        drop(c.stdin.take());
+        let o = c.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+}
+
 /// The Prometheus text at `{base}/metrics` (a gateway's e2b listener).
 pub async fn metrics_at(http: &reqwest::Client, base: &str) -> String {
     http.get(format!("{base}/metrics"))

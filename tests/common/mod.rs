@@ -24,7 +24,7 @@ pub mod scenarios;
 #[allow(unused_imports)]
 pub use domain::DomainGateway;
 #[allow(unused_imports)]
-pub use gateway::{Gateway, KEY_A, KEY_B, Reply, api_keys_file, metrics_at};
+pub use gateway::{Gateway, KEY_A, KEY_B, Kubectl, Reply, api_keys_file, metrics_at};
 #[allow(unused_imports)]
 pub use sandbox::{Ran, SandboxClient};
 

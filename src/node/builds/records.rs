@@ -62,6 +62,12 @@ pub fn valid_build_id(id: &str) -> bool {
     uuid::Uuid::parse_str(id).is_ok_and(|u| u.hyphenated().to_string() == id)
 }
 
+/// The node template a ready build installs: named by the template and the build, so that
+/// any node sharing the templates finds it from the template's record alone.
+pub fn store_name(template_id: &str, build_id: &str) -> String {
+    format!("{template_id}.{}", build_id.get(..8).unwrap_or(build_id))
+}
+
 /// Template ids are ours: lowercase letters and digits.
 pub fn valid_template_id(id: &str) -> bool {
     !id.is_empty()

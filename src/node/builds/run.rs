@@ -147,11 +147,8 @@ impl<R: Runtime> Node<R> {
         let build = t.tags.get(&tag).ok_or_else(|| {
             Error::not_found(format!("template '{name}' has no ready build tagged {tag}"))
         })?;
-        let store = records
-            .build(&build.build_id)?
-            .and_then(|b| b.store_name)
-            .ok_or_else(|| Error::not_found(format!("template '{name}' has no ready build")))?;
-        self.template(&store).map(Some)
+        self.template(&super::records::store_name(&t.template_id, &build.build_id))
+            .map(Some)
     }
 
     async fn build_phases(
@@ -266,7 +263,7 @@ impl<R: Runtime> Node<R> {
             job.parent.meta.ready_cmd.clone()
         });
         let mut meta = job.parent.meta.clone();
-        meta.name = format!("{}.{}", rec.template_id, &rec.build_id[..8]);
+        meta.name = super::records::store_name(&rec.template_id, &rec.build_id);
         meta.id = crate::model::ids::random_hex(8);
         meta.kind = Kind::Built;
         meta.created_at = chrono::Utc::now();
@@ -371,6 +368,7 @@ impl<R: Runtime> Node<R> {
         };
         out(&format!("Waiting for template to be ready: {ready}"));
         let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(50);
         loop {
             let exit = agent
                 .run(
@@ -404,7 +402,9 @@ impl<R: Runtime> Node<R> {
                     timeout.as_secs()
                 )));
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            // Often at first (a server is up within a moment), then every second.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 }
@@ -532,9 +532,13 @@ impl<R: Runtime> Job<'_, R> {
                 let user = user.clone().unwrap_or_else(|| self.ctx.user.clone());
                 let exit = self.command(inst, label, cmd, &user, true).await?;
                 if exit.code != 0 {
+                    let full = self.disk_full(inst).await.unwrap_or_default();
                     return Err(fail(
                         label,
-                        format!("failed to run command '{cmd}': {}", exit_status(&exit)),
+                        format!(
+                            "failed to run command '{cmd}': {}{full}",
+                            exit_status(&exit)
+                        ),
                     ));
                 }
             }
@@ -606,6 +610,19 @@ impl<R: Runtime> Job<'_, R> {
                 Err(err(e))
             }
         }
+    }
+
+    /// Says so when the build's disk is (nearly) full: the likely reason a step failed.
+    async fn disk_full(&self, inst: &Instance<R::Handle>) -> Option<String> {
+        let u = self.node.inner.runtime.usage(inst).await.ok()?;
+        (u.disk_total > 0 && u.disk_used.saturating_mul(100) >= u.disk_total.saturating_mul(95))
+            .then(|| {
+                format!(
+                    " (the build's disk is full: {} of {} MiB used)",
+                    u.disk_used >> 20,
+                    u.disk_total >> 20
+                )
+            })
     }
 
     /// Runs a script of ours as `user`, failing the phase when it fails; answers its stdout.

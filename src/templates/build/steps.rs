@@ -262,14 +262,15 @@ pub fn copy_script(
 }
 
 /// The configuration finalize applies as root (upstream's), with the build's identity in
-/// `/.e2b`.
+/// `/.e2b`. Owners and modes change only where they differ: on an overlay a change copies the
+/// whole file up, so a blanket `chown -R` would put every file of the home into the layer.
 pub fn finalize_script(template_id: &str, build_id: &str) -> String {
     format!(
         "set -e\n\
          printf 'ENV_ID=%s\\nTEMPLATE_ID=%s\\nBUILD_ID=%s\\n' {t} {t} {b} > /.e2b\n\
          {user}\
-         chown -R user:user /home/user\n\
-         chmod -R 777 /usr/local 2>/dev/null || true\n\
+         find /home/user \\( ! -user user -o ! -group user \\) -exec chown -h user:user {{}} +\n\
+         find /usr/local ! -type l ! -perm 777 -exec chmod 777 {{}} + 2>/dev/null || true\n\
          mkdir -p /code && chmod 777 /code\n",
         t = quote(template_id),
         b = quote(build_id),

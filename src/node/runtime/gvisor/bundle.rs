@@ -112,8 +112,9 @@ pub fn spec(b: &BundleSpec<'_>) -> Result<Spec> {
         ])
         .cwd("/")
         .capabilities(capabilities)
-        // setuid programs (sudo) reach only the sandbox's root, inside gVisor's kernel.
-        .no_new_privileges(false)
+        // gVisor's kernel runs the sandbox's processes with no_new_privs even when this is
+        // false (sudo refuses there; the built-in runtime lets it reach the sandbox's root).
+        .no_new_privileges(true)
         .build()
         .map_err(err)?;
     let mut mounts = oci_spec::runtime::get_default_mounts();
