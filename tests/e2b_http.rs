@@ -174,8 +174,20 @@ async fn e2b_wire_contract() {
     assert_error(
         &gw.call(Method::POST, "/v3/templates", a, Some(json!({})))
             .await,
+        400,
+        "Name is required",
+    );
+    assert_error(
+        &gw.call(Method::POST, "/volumes", a, Some(json!({"name": "v"})))
+            .await,
         501,
         "not supported",
+    );
+    assert_error(
+        &gw.call(Method::POST, "/templates", a, Some(json!({"alias": "x"})))
+            .await,
+        410,
+        "Template.build",
     );
     assert_error(
         &gw.call(Method::GET, "/no/such/route", a, None).await,

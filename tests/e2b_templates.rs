@@ -293,45 +293,13 @@ fn uuid_like(s: &str) -> bool {
     s.len() == 36 && s.chars().filter(|&c| c == '-').count() == 4
 }
 
-/// Builds `steps` from `base` as `alias` for `key` over plain HTTP; answers the template id
+/// Builds `steps` from `base` as `alias` over plain HTTP (team-a); answers the template id
 /// once the build is ready.
-async fn build(gw: &Gateway, key: &str, alias: &str, steps: Value) -> String {
-    let made = gw
-        .call(
-            reqwest::Method::POST,
-            "/v3/templates",
-            Some(key),
-            Some(json!({"name": alias})),
-        )
-        .await;
-    assert_eq!(made.status, StatusCode::ACCEPTED, "{:?}", made.body);
-    let tid = made.body["templateID"].as_str().unwrap().to_string();
-    let bid = made.body["buildID"].as_str().unwrap().to_string();
-    let started = gw
-        .call(
-            reqwest::Method::POST,
-            &format!("/v2/templates/{tid}/builds/{bid}"),
-            Some(key),
-            Some(json!({"fromTemplate": "base", "force": false, "steps": steps})),
-        )
-        .await;
-    assert_eq!(started.status, StatusCode::ACCEPTED);
-    for _ in 0..600 {
-        let s = gw
-            .call(
-                reqwest::Method::GET,
-                &format!("/templates/{tid}/builds/{bid}/status"),
-                Some(key),
-                None,
-            )
-            .await;
-        match s.body["status"].as_str() {
-            Some("ready") => return tid,
-            Some("error") => panic!("the build failed: {}", s.body),
-            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-        }
-    }
-    panic!("the build did not end within 2 minutes");
+async fn build(gw: &Gateway, alias: &str, steps: Value) -> String {
+    let (tid, bid) = start_build(gw, alias, steps).await;
+    let s = ended(gw, &tid, &bid).await;
+    assert_eq!(s["status"], "ready", "{s}");
+    tid
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,7 +307,7 @@ async fn a_built_template_is_a_kubernetes_sandboxs_image_in_its_namespace_only()
     let (tmp, _) = workspace();
     let mut gw = gateway(tmp.path(), &[]).await;
     let steps = json!([{"type": "RUN", "args": ["echo from-the-build > /home/user/k"]}]);
-    let tid = build(&gw, KEY_A, "kube-image", steps).await;
+    let tid = build(&gw, "kube-image", steps).await;
     let k = Kubectl::for_gateway(&mut gw, tmp.path());
     k.run(
         &["create", "-f", "-"],
@@ -534,7 +502,7 @@ async fn templates_built_on_one_runtime_start_on_gvisor() {
         {"type": "RUN", "args": ["echo layered > /home/user/made && rm /home/user/.bashrc"]},
         {"type": "RUN", "args": ["echo again >> /home/user/made", "root"]},
     ]);
-    build(&gw, KEY_A, "for-gvisor", steps).await;
+    build(&gw, "for-gvisor", steps).await;
     gw.proc.terminate();
     let templates = tmp.path().join("templates").display().to_string();
     let mut gv = Gateway::start_named(

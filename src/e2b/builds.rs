@@ -375,3 +375,16 @@ pub async fn alias(e2b: Data, tenant: Tenant, path: web::Path<String>) -> ApiRes
         },
     ))
 }
+
+/// The build routes of e2b's first build system (a Dockerfile pushed to e2b's registry by the
+/// v1 CLI, and the earliest 2.x SDKs): gone here, in favour of build system 2.0.
+pub async fn legacy(req: HttpRequest) -> ApiResult<HttpResponse> {
+    Err(ApiError::new(
+        StatusCode::GONE,
+        format!(
+            "{} {} belongs to e2b's first build system, which this gateway does not offer; build with Template.build (e2b SDK 2.3 or later, or `e2b template create`)",
+            req.method(),
+            req.path()
+        ),
+    ))
+}

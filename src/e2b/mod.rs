@@ -133,7 +133,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         // Known to the SDKs, not served here.
         .route("/sandboxes/{id}/network", web::put().to(network::update))
-        .route("/templates/{tail:.*}", web::to(s::not_supported))
+        // The legacy build routes (a Docker push to e2b's registry, v1 CLIs and early SDKs).
+        .route("/templates", web::post().to(builds::legacy))
+        .route("/v2/templates", web::post().to(builds::legacy))
+        .route("/templates/{id}", web::post().to(builds::legacy))
+        .route(
+            "/templates/{id}/builds/{build}",
+            web::post().to(builds::legacy),
+        )
         .route("/volumes{tail:.*}", web::to(s::not_supported))
         .route("/secrets{tail:.*}", web::to(s::not_supported))
         .default_service(web::to(no_route));

@@ -128,6 +128,17 @@ pub fn listed(v: &TemplateView, namespace: &str) -> wire::Template {
     }
 }
 
+/// The tags a request names, checked; at least one.
+fn tags_of(tags: &[String]) -> ApiResult<Vec<String>> {
+    if tags.is_empty() {
+        return Err(ApiError::bad_request("tags must name at least one tag"));
+    }
+    Ok(tags
+        .iter()
+        .map(|t| template_names::parse_tag(t))
+        .collect::<crate::model::Result<Vec<_>>>()?)
+}
+
 #[utoipa::path(post, path = "/templates/tags", tag = "templates", operation_id = "assign_tags",
     request_body = AssignTags,
     responses((status = 201, body = AssignedTags), (status = 400, body = ErrorBody),
@@ -142,14 +153,7 @@ pub async fn assign_tags(
     let req = body.0;
     let target = template_names::parse(&req.target)?;
     template_names::check_namespace(&target, &tenant.namespace)?;
-    if req.tags.is_empty() {
-        return Err(ApiError::bad_request("tags must name at least one tag"));
-    }
-    let tags = req
-        .tags
-        .iter()
-        .map(|t| template_names::parse_tag(t))
-        .collect::<crate::model::Result<Vec<_>>>()?;
+    let tags = tags_of(&req.tags)?;
     let done: TagsAssigned = e2b
         .dispatcher
         .template_op(&TemplateOp::AssignTags {
@@ -186,14 +190,7 @@ pub async fn remove_tags(
     }
     let name = template_names::parse(&req.name)?;
     template_names::check_namespace(&name, &tenant.namespace)?;
-    if req.tags.is_empty() {
-        return Err(ApiError::bad_request("tags must name at least one tag"));
-    }
-    let tags = req
-        .tags
-        .iter()
-        .map(|t| template_names::parse_tag(t))
-        .collect::<crate::model::Result<Vec<_>>>()?;
+    let tags = tags_of(&req.tags)?;
     if tags.iter().any(|t| t == "default") {
         return Err(ApiError::bad_request("the default tag cannot be removed"));
     }

@@ -112,16 +112,7 @@ impl Records {
 
     /// Every build record (for recovery after a restart).
     pub fn builds(&self) -> Vec<BuildRecord> {
-        fs::read_dir(&self.builds)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().to_string();
-                let id = name.strip_suffix(".json")?;
-                self.build(id).ok().flatten()
-            })
-            .collect()
+        each_json(&self.builds, |id| self.build(id))
     }
 
     pub fn append_log(&self, id: &str, entry: &BuildLogEntry) -> Result<()> {
@@ -172,16 +163,7 @@ impl Records {
     }
 
     pub fn templates(&self) -> Vec<TemplateRecord> {
-        fs::read_dir(&self.templates)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().to_string();
-                let id = name.strip_suffix(".json")?;
-                self.template(id).ok().flatten()
-            })
-            .collect()
+        each_json(&self.templates, |id| self.template(id))
     }
 
     /// The team's template called `alias`.
@@ -226,6 +208,19 @@ impl Records {
 /// A team's directory name: its name hashed, since a namespace may hold anything.
 fn team_dir(team: &str) -> String {
     crate::templates::build::steps::chain("team", &[team])
+}
+
+/// Every record of `dir` (`<id>.json`), read with `read`; unreadable ones are skipped.
+fn each_json<T>(dir: &Path, read: impl Fn(&str) -> Result<Option<T>>) -> Vec<T> {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            read(name.strip_suffix(".json")?).ok().flatten()
+        })
+        .collect()
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
