@@ -625,7 +625,15 @@ fn full_inventory() -> inventory::NodeInventory {
         disk_bytes: 1,
         usage: vec![],
         data_address: String::new(),
-        template_info: vec![],
+        template_info: vec![TemplateInfo {
+            name: "k3x.6f1c2b8e".into(),
+            size_bytes: 1,
+            packages: vec!["jq".into()],
+            kind: "built".into(),
+            owner: "team-a".into(),
+            e2b_names: vec!["k3x".into(), "my-env".into()],
+            ..Default::default()
+        }],
         boundary: String::new(),
         captures_memory: false,
         templates_building: vec![],
