@@ -65,14 +65,14 @@ async fn client_mistakes_are_client_errors() {
         "odd methods are counted together"
     );
 
-    // The build API itself stays a deliberate, documented 501.
+    // The first build system's rebuild route is gone (410, naming Template.build).
     let r = http
         .post(format!("{}/templates/base", gw.e2b_url))
         .header("X-API-KEY", KEY_TEAM_A)
         .send()
         .await
         .expect("POST");
-    assert_eq!(r.status(), 501);
+    assert_eq!(r.status(), 410);
 
     // proptest review of the facade's list: `limit` plus a continue token's offset overflowed.
     let mut ids = Vec::new();

@@ -388,3 +388,11 @@ pub async fn legacy(req: HttpRequest) -> ApiResult<HttpResponse> {
         ),
     ))
 }
+
+/// A method the template routes do not take (TRACE, PUT on a template): the client's mistake.
+pub async fn no_method(req: HttpRequest) -> ApiResult<HttpResponse> {
+    Err(ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not a method of {}", req.method(), req.path()),
+    ))
+}

@@ -141,6 +141,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/templates/{id}/builds/{build}",
             web::post().to(builds::legacy),
         )
+        // Every template route is above: what reaches here is a method they do not take.
+        .route("/templates/{tail:.*}", web::to(builds::no_method))
         .route("/volumes{tail:.*}", web::to(s::not_supported))
         .route("/secrets{tail:.*}", web::to(s::not_supported))
         .default_service(web::to(no_route));
