@@ -152,8 +152,8 @@ impl Dispatcher {
         .await
     }
 
-    /// A team's template, listed, tagged, published or deleted on the node that keeps it. A
-    /// list gathers every building node's.
+    /// A team's template, resolved, described, tagged, published or deleted on the node that
+    /// keeps it (`list_built` gathers every node's list).
     pub async fn template_op<T: serde::de::DeserializeOwned>(&self, op: &TemplateOp) -> Result<T> {
         let body = encode(op)?;
         let effect = match op {
@@ -178,7 +178,7 @@ impl Dispatcher {
         .await
     }
 
-    /// Every building node's templates visible to `team`.
+    /// Every node's templates visible to `team`, each once (nodes may share them).
     pub async fn list_built(&self, team: &str) -> Vec<TemplateView> {
         let body = match encode(&TemplateOp::List {
             team: team.to_string(),
