@@ -27,7 +27,7 @@ pub enum Command {
     /// Run the gateway (the default). Without --node it starts an embedded node.
     Serve(Box<ServeArgs>),
     /// Run a node daemon that owns the sandboxes of this machine.
-    Node(NodeArgs),
+    Node(Box<NodeArgs>),
     /// Run the in-sandbox agent (started by a node for every sandbox).
     Agent(AgentArgs),
     /// Serve e2b's Code Interpreter API in front of Jupyter kernels (sandboxes of a
@@ -390,6 +390,78 @@ pub struct SandboxArgs {
         default_value_t = 1024
     )]
     pub template_upload_max_mib: u64,
+    /// Warm sandboxes kept for each built template (its `default` build) that has a start or
+    /// ready command, its server already answering; 0 turns these pools off.
+    #[arg(
+        long = "built-template-pool",
+        value_name = "COUNT",
+        default_value_t = 1
+    )]
+    pub built_template_pool: u32,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+/// Where a build's `fromImage` is pulled from (shared by `node` and `serve`).
+#[derive(Debug, Clone, Args)]
+pub struct RegistryArgs {
+    /// Pull images of REGISTRY from MIRROR instead, e.g. `docker.io=mirror.internal:5000`
+    /// (repeatable); the mirror may be private.
+    #[arg(long = "registry-mirror", value_name = "REGISTRY=MIRROR", value_parser = parse_mirror)]
+    pub mirrors: Vec<(String, String)>,
+    /// A registry spoken to over plain HTTP, as HOST[:PORT] (repeatable); it may be private.
+    #[arg(long = "registry-insecure", value_name = "HOST[:PORT]")]
+    pub insecure: Vec<String>,
+    /// A registry that may have a private or loopback address, as HOST[:PORT] (repeatable).
+    /// Others must resolve to public addresses: tenants name the registries.
+    #[arg(long = "registry-private", value_name = "HOST[:PORT]")]
+    pub private: Vec<String>,
+    /// A PEM file of certificate authorities registries' certificates may chain to, besides
+    /// the system's (repeatable).
+    #[arg(long = "registry-ca", value_name = "FILE")]
+    pub ca: Vec<PathBuf>,
+    /// Largest image a build may pull, in MiB of compressed layers.
+    #[arg(long = "image-max-mib", value_name = "MIB", default_value_t = crate::templates::registry::DEFAULT_IMAGE_MAX_BYTES >> 20)]
+    pub image_max_mib: u64,
+}
+
+fn parse_mirror(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((from, to)) if !from.is_empty() && !to.is_empty() && !to.contains('/') => {
+            Ok((from.to_string(), to.to_string()))
+        }
+        _ => Err(format!(
+            "expected REGISTRY=MIRROR (hosts, e.g. docker.io=127.0.0.1:5000), got {s:?}"
+        )),
+    }
+}
+
+impl RegistryArgs {
+    pub fn config(&self) -> crate::model::Result<crate::templates::registry::RegistryConfig> {
+        let ca_pem = self
+            .ca
+            .iter()
+            .map(|p| {
+                let pem = std::fs::read(p).map_err(|e| {
+                    crate::model::Error::io(format!("reading --registry-ca {}", p.display()), e)
+                })?;
+                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(crate::model::Error::invalid(format!(
+                        "--registry-ca {} holds no PEM certificate",
+                        p.display()
+                    )));
+                }
+                Ok(pem)
+            })
+            .collect::<crate::model::Result<_>>()?;
+        Ok(crate::templates::registry::RegistryConfig {
+            mirrors: self.mirrors.clone(),
+            insecure: self.insecure.clone(),
+            private: self.private.clone(),
+            ca_pem,
+            max_bytes: self.image_max_mib << 20,
+        })
+    }
 }
 
 impl SandboxArgs {
@@ -411,6 +483,8 @@ impl SandboxArgs {
         node.boot_timeout = self.boot_timeout;
         node.service_timeout = self.service_timeout;
         node.template_upload_max_bytes = self.template_upload_max_mib << 20;
+        node.registry = self.registry.config()?;
+        node.built_pool = self.built_template_pool;
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(

@@ -236,7 +236,7 @@ fn main() -> ExitCode {
         }
         Command::Node(n) => {
             init_logging("info");
-            runtime().and_then(|rt| rt.block_on(run_node(n)))
+            runtime().and_then(|rt| rt.block_on(run_node(*n)))
         }
         Command::Serve(s) => {
             let s = *s;

@@ -369,6 +369,11 @@ async fn a_built_template_is_a_kubernetes_sandboxs_image_in_its_namespace_only()
 
 /// Requests a build of `alias` and starts it with `steps`; answers (template id, build id).
 async fn start_build(gw: &Gateway, alias: &str, steps: Value) -> (String, String) {
+    start_build_of(gw, alias, json!({"fromTemplate": "base", "steps": steps})).await
+}
+
+/// Requests a build of `alias` and starts it with `spec`; answers (template id, build id).
+async fn start_build_of(gw: &Gateway, alias: &str, spec: Value) -> (String, String) {
     let made = gw
         .call(
             reqwest::Method::POST,
@@ -384,7 +389,7 @@ async fn start_build(gw: &Gateway, alias: &str, steps: Value) -> (String, String
             reqwest::Method::POST,
             &format!("/v2/templates/{tid}/builds/{bid}"),
             Some(KEY_A),
-            Some(json!({"fromTemplate": "base", "steps": steps})),
+            Some(spec),
         )
         .await;
     assert_eq!(started.status, StatusCode::ACCEPTED, "{:?}", started.body);
@@ -561,4 +566,175 @@ async fn templates_built_on_one_runtime_start_on_gvisor() {
     );
     gv.proc.terminate();
     assert_no_leaks(tmp.path(), &[gv.data.join("node/sandboxes")]).await;
+}
+
+/// `from_image`, `from_debian_image` and `from_dockerfile` through the Python SDK
+/// (tests/e2b/py/image_scenarios.py), pulling from real registries on loopback: one plain and
+/// anonymous (also the node's mirror of Docker Hub), one behind TLS with a CA of the test's
+/// own and a password. The node reaches them because its operator named them; a loopback
+/// registry it was not told of is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_build_from_images_in_registries() {
+    ensure_sdks();
+    let (tmp, _) = workspace();
+    let image = images::make_image(&tmp.path().join("image"));
+    let plain = images::Registry::start(&tmp.path().join("plain"), None, None);
+    plain.push(&image, "team/img:1");
+    plain.push(&image, "library/debian:stable");
+    let ca = certs::ca("test registries");
+    let leaf = certs::leaf(&ca, "localhost", true);
+    let secured = images::Registry::start(
+        &tmp.path().join("secured"),
+        Some(&leaf),
+        Some(("puller", "s3cret-pw")),
+    );
+    secured.push(&image, "team/img:1");
+    let ca_file = tmp.path().join("registry-ca.pem");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let ca_file = ca_file.display().to_string();
+    let mirror = format!("docker.io={}", plain.addr);
+    let mut gw = gateway(
+        tmp.path(),
+        &[
+            "--registry-insecure",
+            &plain.addr,
+            "--registry-mirror",
+            &mirror,
+            "--registry-private",
+            &secured.addr,
+            "--registry-ca",
+            &ca_file,
+        ],
+    )
+    .await;
+    let private_port = plain.addr.rsplit(':').next().unwrap();
+    let env = vec![
+        ("E2B_API_URL", gw.url.clone()),
+        ("E2B_SANDBOX_URL", gw.url.clone()),
+        ("IMAGE_PLAIN", format!("{}/team/img:1", plain.addr)),
+        ("IMAGE_AUTH", format!("{}/team/img:1", secured.addr)),
+        ("REGISTRY_USER", "puller".into()),
+        ("REGISTRY_PASSWORD", "s3cret-pw".into()),
+        (
+            "IMAGE_PRIVATE",
+            format!("127.0.0.2:{private_port}/team/img:1"),
+        ),
+    ];
+    tokio::task::block_in_place(|| {
+        scenarios::pytest("2.63.0", &["image_scenarios.py"], &[], &env, &[]);
+    });
+    // Pulls leave nothing beside the layers they made.
+    let layers = tmp.path().join("templates/.layers");
+    let half_done: Vec<_> = std::fs::read_dir(&layers)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".new-"))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(half_done.is_empty(), "{half_done:?}");
+    gw.proc.terminate();
+    drop((plain, secured));
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+}
+
+/// A built template with a start command keeps a warm sandbox whose start command ran before
+/// the create was asked for; the pool follows the `default` tag to a new build and goes with
+/// the template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
+    let (tmp, _) = workspace();
+    let mut gw = gateway(tmp.path(), &[]).await;
+    let spec = |v: &str| {
+        json!({
+            "fromTemplate": "base",
+            "steps": [{"type": "RUN", "args": [format!("echo {v} > /home/user/v")]}],
+            "startCmd": "date +%s%N > /tmp/started; exec sleep infinity",
+            "readyCmd": "test -s /tmp/started",
+        })
+    };
+    let (tid, first) = start_build_of(&gw, "pooled", spec("v1")).await;
+    assert_eq!(ended(&gw, &tid, &first).await["status"], "ready");
+    let first_pool = format!("{tid}.{}", &first[..8]);
+    gw.wait_warm_of(&first_pool, 1).await;
+
+    let asked = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let made = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "pooled", "timeout": 60})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let (code, out) = gw
+        .run(
+            &made.body,
+            "cat /tmp/started /home/user/v; pgrep -x sleep >/dev/null && echo serving",
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    let started: u128 = lines[0].parse().unwrap();
+    assert!(
+        started < asked,
+        "the start command ran before the create: {started} < {asked}"
+    );
+    assert_eq!(&lines[1..], ["v1", "serving"]);
+    // The pool fills again.
+    gw.wait_warm_of(&first_pool, 1).await;
+
+    // A new build takes the tag, and the pool with it: the old build's warm sandbox goes.
+    let (_, second) = start_build_of(&gw, "pooled", spec("v2")).await;
+    assert_eq!(ended(&gw, &tid, &second).await["status"], "ready");
+    let second_pool = format!("{tid}.{}", &second[..8]);
+    gw.wait_warm_of(&second_pool, 1).await;
+    gw.wait_warm_of(&first_pool, 0).await;
+    let again = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "pooled", "timeout": 60})),
+        )
+        .await;
+    let (_, out) = gw.run(&again.body, "cat /home/user/v").await.unwrap();
+    assert_eq!(out.trim(), "v2");
+
+    // Its sandboxes keep it from being deleted, its warm one does not; deleting it ends its
+    // pool.
+    let refused = gw
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/templates/{tid}"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{:?}",
+        refused.body
+    );
+    for s in [&made.body, &again.body] {
+        let id = s["sandboxID"].as_str().unwrap();
+        assert_eq!(gw.kill(KEY_A, id).await, StatusCode::NO_CONTENT);
+    }
+    let deleted = gw
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/templates/{tid}"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert!(deleted.status.is_success(), "{:?}", deleted.body);
+    gw.wait_warm_of(&format!("{tid}."), 0).await;
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
 }

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -28,15 +27,6 @@ fn claim_req(template: &str) -> ClaimRequest {
     }
 }
 
-fn sh(cmd: &str) {
-    let ok = Command::new("bash")
-        .args(["-c", cmd])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "{cmd}");
-}
-
 fn template_cli(args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .arg("template")
@@ -47,56 +37,13 @@ fn template_cli(args: &[&str]) -> std::process::Output {
         .expect("run sandbox-gateway template")
 }
 
-/// An image archive as `docker save` writes it: the test template's tree (ids moved back to
-/// the image's own) as layer 1, and a layer 2 that adds, replaces and whites out files.
-fn make_image(dir: &Path) -> std::path::PathBuf {
-    let rootfs = templates_dir().join("base/rootfs");
-    std::fs::create_dir_all(dir.join("l1")).unwrap();
-    std::fs::create_dir_all(dir.join("l2/opt/a")).unwrap();
-    std::fs::create_dir_all(dir.join("extra/opt/a")).unwrap();
-    // Map the template's shifted ids back to image ids for tar.
-    let map: String = [0u32, 5, 100, 1000, 65534]
-        .iter()
-        .map(|i| format!("+{} u{i}:{i}\n", DEFAULT_UID_BASE + i))
-        .collect();
-    std::fs::write(dir.join("ids.map"), map).unwrap();
-    std::fs::write(dir.join("extra/opt/a/old.txt"), "old").unwrap();
-    std::fs::write(dir.join("extra/opt/keep.txt"), "keep").unwrap();
-    std::fs::write(dir.join("l2/opt/a/new.txt"), "new").unwrap();
-    std::fs::write(dir.join("l2/opt/a/.wh..wh..opq"), "").unwrap();
-    std::fs::write(dir.join("l2/opt/.wh.keep.txt"), "").unwrap();
-    let d = dir.display();
-    sh(&format!(
-        "tar --owner-map={d}/ids.map --group-map={d}/ids.map -cf {d}/l1/layer.tar -C {} . \
-         && tar --numeric-owner -rf {d}/l1/layer.tar -C {d}/extra ./opt \
-         && tar --numeric-owner -cf {d}/l2/layer.tar -C {d}/l2 ./opt",
-        rootfs.display()
-    ));
-    std::fs::write(
-        dir.join("config.json"),
-        r#"{"config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","IMPORTED=yes"],"WorkingDir":"/opt"}}"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("manifest.json"),
-        r#"[{"Config":"config.json","RepoTags":["test:1"],"Layers":["l1/layer.tar","l2/layer.tar"]}]"#,
-    )
-    .unwrap();
-    let image = dir.join("image.tar");
-    sh(&format!(
-        "tar -cf {} -C {d} manifest.json config.json l1/layer.tar l2/layer.tar",
-        image.display()
-    ));
-    image
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn images_import_and_templates_build_from_others() {
     let (tmp, token) = workspace();
     let suffix = std::process::id();
     let imported = format!("imported-{suffix}");
     let derived = format!("with-jq-{suffix}");
-    let image = make_image(&tmp.path().join("image"));
+    let image = images::make_image(&tmp.path().join("image"));
 
     let out = template_cli(&["import", &imported, &image.display().to_string()]);
     assert!(

@@ -236,6 +236,8 @@ pub async fn start(
     let (template_id, build_id) = path.into_inner();
     valid_build_id(&build_id)?;
     valid_template_id(&template_id)?;
+    // Credentials it cannot use are the caller's mistake, told now rather than mid-build.
+    crate::model::builds::ImageAuth::parse(body.0.from_image_registry.as_ref())?;
     e2b.dispatcher
         .start_build(&StartBuild {
             build: BuildRef {

@@ -246,3 +246,108 @@ pub struct TagsAssigned {
     pub build_id: String,
     pub tags: Vec<String>,
 }
+
+/// The credentials a build's `fromImage` is pulled with, from e2b's `fromImageRegistry`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ImageAuth {
+    Anonymous,
+    /// HTTP basic credentials for the image's registry (`gcp` keys are basic auth too, as
+    /// `_json_key` with the key as the password).
+    Basic {
+        username: String,
+        password: String,
+    },
+}
+
+impl std::fmt::Debug for ImageAuth {
+    // A password never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImageAuth::Anonymous => f.write_str("Anonymous"),
+            ImageAuth::Basic { username, .. } => write!(f, "Basic({username}, ***)"),
+        }
+    }
+}
+
+impl ImageAuth {
+    /// Reads e2b's `fromImageRegistry` (`type` `registry`, `gcp` or `aws`), or says what is
+    /// wrong with it.
+    pub fn parse(v: Option<&serde_json::Value>) -> super::Result<ImageAuth> {
+        let Some(v) = v.filter(|v| !v.is_null()) else {
+            return Ok(ImageAuth::Anonymous);
+        };
+        let bad = |why: &str| Err(super::Error::invalid(format!("fromImageRegistry: {why}")));
+        let field = |k: &str| v.get(k).and_then(|s| s.as_str()).filter(|s| !s.is_empty());
+        match v.get("type").and_then(|t| t.as_str()) {
+            Some("registry") => match (field("username"), field("password")) {
+                (Some(u), Some(p)) => Ok(ImageAuth::Basic {
+                    username: u.to_string(),
+                    password: p.to_string(),
+                }),
+                _ => bad("type registry needs both username and password"),
+            },
+            Some("gcp") => match field("serviceAccountJson") {
+                Some(key) if serde_json::from_str::<serde_json::Value>(key).is_ok() => {
+                    Ok(ImageAuth::Basic {
+                        username: "_json_key".into(),
+                        password: key.to_string(),
+                    })
+                }
+                _ => bad("type gcp needs serviceAccountJson, the service account's JSON key"),
+            },
+            Some("aws") => bad(
+                "type aws (ECR) is not supported by this gateway yet; pull the image with its ECR token as type registry (username AWS, password from `aws ecr get-login-password`)",
+            ),
+            Some(other) => bad(&format!(
+                "unknown type {other:?}; expected registry, gcp or aws"
+            )),
+            None => bad("type is missing; expected registry, gcp or aws"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod image_auth_tests {
+    use super::ImageAuth;
+    use serde_json::json;
+
+    #[test]
+    fn registry_credentials_are_read_and_never_printed() {
+        assert_eq!(ImageAuth::parse(None).unwrap(), ImageAuth::Anonymous);
+        assert_eq!(
+            ImageAuth::parse(Some(&json!(null))).unwrap(),
+            ImageAuth::Anonymous
+        );
+        let basic = ImageAuth::parse(Some(
+            &json!({"type": "registry", "username": "u", "password": "s3cret"}),
+        ))
+        .unwrap();
+        assert_eq!(
+            basic,
+            ImageAuth::Basic {
+                username: "u".into(),
+                password: "s3cret".into()
+            }
+        );
+        assert!(!format!("{basic:?}").contains("s3cret"));
+        let gcp = ImageAuth::parse(Some(
+            &json!({"type": "gcp", "serviceAccountJson": "{\"type\":\"service_account\"}"}),
+        ))
+        .unwrap();
+        assert!(matches!(gcp, ImageAuth::Basic { ref username, .. } if username == "_json_key"));
+        for bad in [
+            json!({"type": "registry", "username": "u"}),
+            json!({"type": "gcp", "serviceAccountJson": "not json"}),
+            json!({"type": "aws", "awsAccessKeyId": "a", "awsSecretAccessKey": "b", "awsRegion": "r"}),
+            json!({"type": "ftp"}),
+            json!({"username": "u", "password": "p"}),
+        ] {
+            let e = ImageAuth::parse(Some(&bad)).unwrap_err();
+            assert!(
+                e.message.starts_with("fromImageRegistry: "),
+                "{}",
+                e.message
+            );
+        }
+    }
+}

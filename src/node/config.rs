@@ -45,6 +45,11 @@ pub struct NodeConfig {
     pub service_timeout: Duration,
     /// Largest archive a template build's COPY step may upload.
     pub template_upload_max_bytes: u64,
+    /// Warm sandboxes kept for each built template's default build that has a start or ready
+    /// command (0: none).
+    pub built_pool: u32,
+    /// Where builds pull images from.
+    pub registry: crate::templates::registry::RegistryConfig,
 }
 
 /// The default upload limit of a template build's files: 1 GiB.
@@ -115,6 +120,8 @@ impl NodeConfig {
             boot_timeout: BOOT_TIMEOUT,
             service_timeout: SERVICE_TIMEOUT,
             template_upload_max_bytes: DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES,
+            built_pool: 1,
+            registry: Default::default(),
         }
     }
 

@@ -67,6 +67,8 @@ pub(crate) struct Claim<H> {
 
 pub(crate) struct Pool<H> {
     target: u32,
+    /// Made for a built template's default build (see `builds::warm`), not configured.
+    pub(crate) built: bool,
     warm: VecDeque<Instance<H>>,
     booting: u32,
     failures: u32,
@@ -77,10 +79,18 @@ impl<H> Pool<H> {
     fn new(target: u32) -> Self {
         Pool {
             target,
+            built: false,
             warm: VecDeque::new(),
             booting: 0,
             failures: 0,
             retry_at: None,
+        }
+    }
+
+    fn built(target: u32) -> Self {
+        Pool {
+            built: true,
+            ..Pool::new(target)
         }
     }
 }
@@ -328,6 +338,7 @@ impl<R: Runtime> Node<R> {
         });
         let node = Node { inner };
         node.persist_now().await?;
+        node.sync_built_pools();
         node.inner.tasks.spawn(node.clone().refill_loop());
         node.inner.tasks.spawn(node.clone().reaper_loop());
         node.inner.tasks.spawn(node.clone().persist_loop());

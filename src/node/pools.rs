@@ -52,6 +52,11 @@ impl<R: Runtime> Node<R> {
         let mut st = self.state();
         let closing = st.closing;
         let Some(pool) = st.pools.get_mut(&key) else {
+            // Its pool went away while it booted (a built template's tag moved).
+            drop(st);
+            if let Ok(inst) = booted {
+                self.destroy_later(inst, "its pool is gone");
+            }
             return;
         };
         pool.booting -= 1;

@@ -12,8 +12,9 @@ mod debian;
 mod derive;
 mod host;
 pub mod layers;
-mod oci;
+pub mod oci;
 pub mod recipes;
+pub mod registry;
 mod shift;
 
 use std::collections::BTreeMap;
@@ -642,7 +643,7 @@ impl TemplateStore {
 }
 
 /// A fresh description for a template being made now.
-fn new_meta(
+pub(crate) fn new_meta(
     name: &str,
     kind: Kind,
     root_kind: RootKind,

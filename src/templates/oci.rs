@@ -310,17 +310,9 @@ pub fn import(
         .map_err(|e| bad(archive, format!("the archive itself: {e}")))?;
     let (config_path, layers) = locate(&unpacked, archive)?;
     let root = staging.join(super::ROOTFS);
-    fs::create_dir_all(&root).map_err(|e| Error::io("creating the root", e))?;
-    for (i, layer) in layers.iter().enumerate() {
-        progress(&format!("  layer {}/{}", i + 1, layers.len()));
-        apply_layer(&root, layer_reader(layer, archive)?, archive)?;
-    }
-    let config: ImageConfig = read_json(archive, &config_path).unwrap_or_default();
+    let config = fs::read(&config_path).unwrap_or_default();
+    let run = assemble(&root, &layers, &config, ids, archive, progress)?;
     let _ = fs::remove_dir_all(&unpacked);
-    ensure_user(&root)?;
-    shift_tree(&root, ids, Shift::In)
-        .map_err(|e| Error::io("moving the template into the sandbox id range", e))?;
-    let run = config.config.unwrap_or_default();
     let mut meta = new_meta(
         name,
         Kind::Oci,
@@ -328,15 +320,49 @@ pub fn import(
         ids,
         format!("image archive {}", archive.display()),
     );
-    meta.env = run
-        .env
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect::<BTreeMap<_, _>>();
-    meta.workdir = run.working_dir.filter(|w| !w.is_empty());
+    meta.env = run.env;
+    meta.workdir = run.workdir;
     Ok(meta)
+}
+
+/// What an image asks of the sandboxes made from it.
+#[derive(Debug, Default)]
+pub struct ImageRun {
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+}
+
+/// Makes `root` from an image's `layers` (in order) and its `config` (JSON): the layers
+/// applied with their whiteouts, the user `user` added, ids moved into the sandbox range.
+/// `origin` names the image in errors.
+pub fn assemble(
+    root: &Path,
+    layers: &[PathBuf],
+    config: &[u8],
+    ids: IdMap,
+    origin: &Path,
+    progress: Progress<'_>,
+) -> Result<ImageRun> {
+    fs::create_dir_all(root).map_err(|e| Error::io("creating the root", e))?;
+    for (i, layer) in layers.iter().enumerate() {
+        progress(&format!("  layer {}/{}", i + 1, layers.len()));
+        apply_layer(root, layer_reader(layer, origin)?, origin)?;
+    }
+    let config: ImageConfig = serde_json::from_slice(config).unwrap_or_default();
+    ensure_user(root)?;
+    shift_tree(root, ids, Shift::In)
+        .map_err(|e| Error::io("moving the template into the sandbox id range", e))?;
+    let run = config.config.unwrap_or_default();
+    Ok(ImageRun {
+        env: run
+            .env
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        workdir: run.working_dir.filter(|w| !w.is_empty()),
+    })
 }
 
 #[cfg(test)]

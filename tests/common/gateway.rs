@@ -143,6 +143,17 @@ impl Gateway {
         panic!("timed out waiting for {what} ({n} warm)");
     }
 
+    /// Waits (up to a minute) until the pools whose key starts with `prefix` hold `n` warm.
+    pub async fn wait_warm_of(&self, prefix: &str, n: i64) {
+        for _ in 0..600 {
+            if self.warm_of(prefix).await == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("timed out waiting for {n} warm in {prefix}");
+    }
+
     /// The value of an unlabelled gauge or counter (-1 when absent).
     pub async fn metric(&self, name: &str) -> i64 {
         self.metrics_text()

@@ -17,6 +17,7 @@ pub mod certs;
 pub mod domain;
 pub mod fake_kube;
 pub mod gateway;
+pub mod images;
 pub mod kube_gateway;
 pub mod sandbox;
 pub mod scenarios;

@@ -87,6 +87,20 @@ impl<R: Runtime> Node<R> {
 
     /// Carries out `op`; the answer's shape depends on it.
     pub fn template_op(&self, op: TemplateOp) -> Result<serde_json::Value> {
+        let moves_tags = matches!(
+            op,
+            TemplateOp::AssignTags { .. }
+                | TemplateOp::RemoveTags { .. }
+                | TemplateOp::Delete { .. }
+        );
+        let done = self.carry_out(op);
+        if moves_tags && done.is_ok() {
+            self.sync_built_pools();
+        }
+        done
+    }
+
+    fn carry_out(&self, op: TemplateOp) -> Result<serde_json::Value> {
         let b = self.builds();
         match op {
             TemplateOp::Resolve { team, name } => match self.resolve_built(&team, &name)? {
@@ -178,7 +192,11 @@ impl<R: Runtime> Node<R> {
                     st.claims
                         .values()
                         .any(|c| stores.contains(&c.record.key.template))
-                        || st.pools.keys().any(|k| stores.contains(&k.template))
+                        // A built template's own warm pool goes with it (see `warm`).
+                        || st
+                            .pools
+                            .iter()
+                            .any(|(k, p)| !p.built && stores.contains(&k.template))
                 };
                 if in_use {
                     return Err(Error::invalid(format!(

@@ -3,8 +3,10 @@
 //! of its log. `run` executes a build in sandboxes of this node; what is kept is in `records`.
 
 mod admin;
+mod image;
 mod records;
 mod run;
+mod warm;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -327,6 +329,7 @@ impl<R: Runtime> Node<R> {
             let id = rec.build_id.clone();
             let outcome = node.run_build(&rec, &req.spec, &live).await;
             node.builds().finish(&id, outcome);
+            node.sync_built_pools();
         });
         Ok(())
     }

@@ -157,7 +157,12 @@ impl<R: Runtime> Node<R> {
         spec: &BuildSpec,
     ) -> std::result::Result<String, BuildReason> {
         let base = |m: String| fail("base", m);
-        let from = match (&spec.from_template, &spec.from_image) {
+        if !self.inner.runtime.commits() {
+            return Err(base(
+                "this node's runtime cannot build templates; build on a node with the built-in runtime".into(),
+            ));
+        }
+        let (parent, root, ctx, mut chain, from) = match (&spec.from_template, &spec.from_image) {
             (Some(_), Some(_)) => {
                 return Err(base(
                     "cannot specify both fromImage and fromTemplate".into(),
@@ -167,61 +172,58 @@ impl<R: Runtime> Node<R> {
                 return Err(base("must specify either fromImage or fromTemplate".into()));
             }
             (None, Some(image)) => {
-                return Err(base(format!(
-                    "fromImage ({image}) is not supported by this gateway yet; build from a template, e.g. from_template(\"base\")"
-                )));
+                let image = image.trim();
+                let (parent, root, ctx, chain) = self.image_base(rec, spec, image).await?;
+                (parent, root, ctx, chain, format!("image {image}"))
             }
-            (Some(t), None) => t.clone(),
+            (Some(from), None) => {
+                let parent = self
+                    .resolve_parent(&rec.team, from)
+                    .map_err(|e| base(format!("error getting base template: {}", e.message)))?;
+                if parent.meta.root_kind != crate::sandbox::spec::RootKind::Complete {
+                    return Err(base(format!(
+                        "template {from} is composed from the host's /usr and cannot be built on; build the Debian base first (`sandbox-gateway template build base --force`)"
+                    )));
+                }
+                let root = self
+                    .inner
+                    .templates
+                    .root_layer(&parent)
+                    .map_err(|e| base(e.message))?;
+                let ctx = Context {
+                    user: parent.meta.user.clone().unwrap_or_else(|| "user".into()),
+                    workdir: parent.meta.workdir.clone(),
+                    env: parent.meta.env.clone(),
+                };
+                let chain =
+                    steps::chain("v1", &[&rec.team, &format!("template:{}", parent.meta.id)]);
+                self.builds().log(
+                    &rec.build_id,
+                    LogLevel::Info,
+                    Some("base"),
+                    format!("[base] FROM TEMPLATE {from} [{}]", &chain[..12]),
+                );
+                (parent, root, ctx, chain, format!("template {from}"))
+            }
         };
-        let parent = self
-            .resolve_parent(&rec.team, &from)
-            .map_err(|e| base(format!("error getting base template: {}", e.message)))?;
-        if parent.meta.root_kind != crate::sandbox::spec::RootKind::Complete {
-            return Err(base(format!(
-                "template {from} is composed from the host's /usr and cannot be built on; build the Debian base first (`sandbox-gateway template build base --force`)"
-            )));
-        }
-        if !self.inner.runtime.commits() {
-            return Err(base(
-                "this node's runtime cannot build templates; build on a node with the built-in runtime".into(),
-            ));
-        }
         // The smallest size that fits what the build asked for.
         let tier = SIZES
             .iter()
             .find(|t| t.cpu_count >= rec.cpu_count && t.memory_bytes >= rec.memory_mb * 1024 * 1024)
             .or(SIZES.last())
             .map_or("small", |t| t.name);
-        let net = if self.inner.cfg.pools.iter().any(|p| p.key.net == "egress")
-            || self.inner.runtime.name() == "builtin"
-        {
-            "egress"
-        } else {
-            "none"
-        };
+        let net = self.default_net();
         let key = PoolKey::new(&parent.meta.name, net, tier).map_err(|e| base(e.message))?;
         let mut job = Job {
             node: self,
             rec,
             layers: parent.meta.layers.clone(),
-            ctx: Context {
-                user: parent.meta.user.clone().unwrap_or_else(|| "user".into()),
-                workdir: parent.meta.workdir.clone(),
-                env: parent.meta.env.clone(),
-            },
+            ctx,
             parent,
             key,
             forced: spec.force,
             total: spec.steps.len(),
         };
-        let mut chain = steps::chain(
-            "v1",
-            &[&rec.team, &format!("template:{}", job.parent.meta.id)],
-        );
-        job.log(
-            Some("base"),
-            format!("[base] FROM TEMPLATE {from} [{}]", &chain[..12]),
-        );
 
         // The default user, with passwordless sudo.
         chain = steps::chain(&chain, &["DEFAULT USER", "user"]);
@@ -287,11 +289,8 @@ impl<R: Runtime> Node<R> {
             job.verify_start(&meta, start_cmd.as_deref(), ready_cmd.as_deref())
                 .await?;
         }
-        let store = &self.inner.templates;
-        let root = store
-            .root_layer(&job.parent)
-            .map_err(|e| fail("finalize", e.message))?;
-        store
+        self.inner
+            .templates
             .install_built(&meta, &root)
             .map_err(|e| fail("finalize", e.message))?;
         Ok(meta.name)
