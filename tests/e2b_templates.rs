@@ -738,3 +738,98 @@ async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
     gw.proc.terminate();
     assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
 }
+
+/// A build step is hostile code like any sandbox's: run as root in the build, it tries to
+/// write and read the host through /proc, reach the host's ports, mount, and leave links to
+/// host files for the commit to follow. None of it reaches the host; what it made is the
+/// template's, links kept as links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_build_step_stays_in_its_sandbox() {
+    let (tmp, _) = workspace();
+    let mut gw = gateway(tmp.path(), &[]).await;
+    let nonce = format!("{}-{}", std::process::id(), rand_suffix());
+    let canary = tmp.path().join(format!("canary-{nonce}"));
+    std::fs::write(&canary, "host secret").unwrap();
+    let pwned = format!("/tmp/sgw-pwned-{nonce}");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let gw_port = gw.url.rsplit(':').next().unwrap().to_string();
+    let c = canary.display();
+    let attempt = format!(
+        "exec > /home/user/attempts 2>&1; \
+         echo pwned > /proc/1/root{pwned} && echo WROTE-PROC1; \
+         cat /proc/1/root{c} && echo READ-PROC1; \
+         cat {c} && echo READ-PATH; \
+         mount -t tmpfs x /mnt && echo MOUNTED; \
+         for t in 127.0.0.1/{port} 127.0.0.1/{gw_port} 10.0.2.2/{port} 10.0.2.2/{gw_port}; do \
+           timeout 3 bash -c \"echo > /dev/tcp/${{t%/*}}/${{t#*/}}\" && echo OPEN $t; done; \
+         ln -s {c} /home/user/to-canary; ln -s /etc/shadow /home/user/to-shadow; \
+         ln -s / /home/user/to-root; mkdir -p /home/user/d && ln -s {c} /home/user/d/inner; \
+         echo done"
+    );
+    let spec = json!({
+        "fromTemplate": "base",
+        "steps": [{"type": "RUN", "args": [attempt, "root"]}],
+    });
+    let (tid, bid) = start_build_of(&gw, "hostile", spec).await;
+    let s = ended(&gw, &tid, &bid).await;
+    assert_eq!(s["status"], "ready", "{s}");
+
+    // Nothing crossed to the host.
+    assert!(
+        !std::path::Path::new(&pwned).exists(),
+        "{pwned} was written"
+    );
+    assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host secret");
+    // The layer holds the links as links, never what they name.
+    let layers = tmp.path().join("templates/.layers");
+    let mut links = 0;
+    for layer in std::fs::read_dir(&layers).unwrap().flatten() {
+        for name in ["to-canary", "to-shadow", "to-root", "d/inner"] {
+            let p = layer.path().join("home/user").join(name);
+            if let Ok(m) = std::fs::symlink_metadata(&p) {
+                assert!(m.file_type().is_symlink(), "{} was followed", p.display());
+                links += 1;
+            }
+        }
+    }
+    // The step's layer has them (finalize's too: it gives them to `user`).
+    assert!(links >= 4, "the step's links are in its layer ({links})");
+
+    let made = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "hostile", "timeout": 60})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let (_, out) = gw
+        .run(
+            &made.body,
+            "cat /home/user/attempts; echo ---; cat /home/user/to-canary 2>&1; \
+             readlink /home/user/to-shadow /home/user/d/inner",
+        )
+        .await
+        .unwrap();
+    for crossed in [
+        "WROTE-PROC1",
+        "READ-PROC1",
+        "READ-PATH",
+        "MOUNTED",
+        "OPEN",
+        "host secret",
+    ] {
+        assert!(!out.contains(crossed), "{crossed}: {out}");
+    }
+    assert!(out.contains("done"), "{out}");
+    assert!(out.contains("/etc/shadow\n"), "{out}");
+    drop(listener);
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+}
+
+fn rand_suffix() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}

@@ -129,7 +129,9 @@ pub async fn wait_pool_warm(
     count: u32,
     within: Duration,
 ) -> Res<()> {
-    let want = format!("sandbox_gateway_warm_sandboxes{{pool=\"{pool}\"}} {count}");
+    // `pool` may be a whole key or its start (a built template's id and a dot).
+    let head = format!("sandbox_gateway_warm_sandboxes{{pool=\"{pool}");
+    let tail = format!(" {count}");
     let deadline = Instant::now() + within;
     loop {
         let text = http
@@ -138,7 +140,10 @@ pub async fn wait_pool_warm(
             .await?
             .text()
             .await?;
-        if text.lines().any(|l| l == want) {
+        if text
+            .lines()
+            .any(|l| l.starts_with(&head) && l.ends_with(&tail))
+        {
             return Ok(());
         }
         if Instant::now() > deadline {

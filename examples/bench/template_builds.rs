@@ -25,6 +25,9 @@ pub struct TemplateBuildBench {
     rebuilt: Summary,
     layer_bytes: u64,
     parent_bytes: u64,
+    /// Creates that find the template's warm pool filled.
+    pooled: Summary,
+    /// Creates with no pool (no internet: a key no pool holds), the start command awaited.
     with_start: Summary,
     plain: Summary,
 }
@@ -194,14 +197,29 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
     // The COPY-free specs carry no filesHash; `build` sets one on step 0, which RUN ignores.
     let with_server = build(&http, &url, "bench-server", &data, server).await?;
     let plain_tpl = build(&http, &url, "bench-plain", &data, plain_spec).await?;
-    let (mut with_start, mut plain) = (Vec::new(), Vec::new());
+    let (mut pooled, mut with_start, mut plain) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
-        for (tpl, into) in [(&with_server, &mut with_start), (&plain_tpl, &mut plain)] {
-            let t = Instant::now();
-            let sb = e2b_create_of(&http, &url, tpl).await?;
-            into.push(t.elapsed());
-            e2b_kill(&http, &url, &sb.id).await?;
-        }
+        // The pool of the template's default build, filled again after each claim.
+        crate::claims::wait_pool_warm(
+            &http,
+            &url,
+            &format!("{with_server}."),
+            1,
+            Duration::from_secs(120),
+        )
+        .await?;
+        let t = Instant::now();
+        let sb = e2b_create_of(&http, &url, &with_server).await?;
+        pooled.push(t.elapsed());
+        e2b_kill(&http, &url, &sb.id).await?;
+        let t = Instant::now();
+        let id = create_offline(&http, &url, &with_server).await?;
+        with_start.push(t.elapsed());
+        e2b_kill(&http, &url, &id).await?;
+        let t = Instant::now();
+        let sb = e2b_create_of(&http, &url, &plain_tpl).await?;
+        plain.push(t.elapsed());
+        e2b_kill(&http, &url, &sb.id).await?;
     }
     gw.stop();
     Ok(TemplateBuildBench {
@@ -210,9 +228,26 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
         rebuilt: summarize(rebuilt),
         layer_bytes,
         parent_bytes,
+        pooled: summarize(pooled),
         with_start: summarize(with_start),
         plain: summarize(plain),
     })
+}
+
+/// A create without internet access: its key (`none` net) has no pool, so the sandbox boots
+/// and its start command is awaited. Answers the sandbox id.
+async fn create_offline(http: &reqwest::Client, url: &str, template: &str) -> Res<String> {
+    let made = call(
+        http,
+        reqwest::Method::POST,
+        &format!("{url}/v2/sandboxes"),
+        Some(serde_json::json!({"templateID": template, "timeout": 600, "allowInternetAccess": false})),
+    )
+    .await?;
+    Ok(made["sandboxID"]
+        .as_str()
+        .ok_or_else(|| format!("the create answered {made}"))?
+        .to_string())
 }
 
 pub fn render(o: &mut String, b: &TemplateBuildBench) {
@@ -242,7 +277,12 @@ pub fn render(o: &mut String, b: &TemplateBuildBench) {
     summary_row(o, "the same build, unchanged (cached)", &b.rebuilt);
     summary_row(
         o,
-        "create, template with a start command (server answering)",
+        "create, template with a start command, from its warm pool (server answering)",
+        &b.pooled,
+    );
+    summary_row(
+        o,
+        "create, template with a start command, booted (start command awaited)",
         &b.with_start,
     );
     summary_row(o, "create, template without one", &b.plain);

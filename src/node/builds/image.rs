@@ -51,11 +51,11 @@ impl<R: Runtime> Node<R> {
         };
         let (root, ctx) = match hit {
             Some(found) => {
-                log(format!("CACHED [base] FROM IMAGE {image} [{short}]"));
+                log(format!("CACHED [base] FROM {image} [{short}]"));
                 found
             }
             None => {
-                log(format!("[base] FROM IMAGE {image} [{short}]"));
+                log(format!("[base] FROM {image} [{short}]"));
                 let found = self.pull_image(image, &auth, &log).await?;
                 let _w = b.write_lock();
                 let entry = Cached {

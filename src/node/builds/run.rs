@@ -505,8 +505,9 @@ impl<R: Runtime> Job<'_, R> {
         phase: &Phase,
     ) -> std::result::Result<Option<String>, BuildReason> {
         let err = |e: Error| fail(label, e.message);
-        if let Phase::Env(pairs) = phase {
-            // Values are taken as written (upstream expands `$VAR` against a login shell).
+        if let Phase::Env(pairs) = phase
+            && !pairs.iter().any(|(_, v)| steps::needs_expansion(v))
+        {
             self.ctx.env.extend(pairs.iter().cloned());
             return Ok(None);
         }
@@ -526,7 +527,18 @@ impl<R: Runtime> Job<'_, R> {
         let inst = slot.inst().map_err(err)?;
         let root = "root".to_string();
         match phase {
-            Phase::Env(_) => {}
+            Phase::Env(pairs) => {
+                // As upstream: expanded against a root login shell's environment (not the
+                // earlier ENV values), so a sandbox is needed; it writes nothing.
+                let out = self.script(inst, label, "env -0", &root).await?;
+                let login = steps::parse_env0(out.as_bytes());
+                self.ctx.env.extend(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| (k.clone(), steps::expand(v, &login))),
+                );
+                return Ok(None);
+            }
             Phase::Run { cmd, user } => {
                 let user = user.clone().unwrap_or_else(|| self.ctx.user.clone());
                 let exit = self.command(inst, label, cmd, &user, true).await?;

@@ -154,6 +154,95 @@ pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Whether an `ENV` value changes when a shell expands it in double quotes (so the login
+/// environment of a sandbox is needed, as upstream expands it in one).
+pub fn needs_expansion(value: &str) -> bool {
+    value.contains(['$', '\\'])
+}
+
+/// The login environment as `env -0` prints it.
+pub fn parse_env0(out: &[u8]) -> BTreeMap<String, String> {
+    out.split(|&b| b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// `value` as a shell expands it inside double quotes against `env` (upstream runs
+/// `printf "%s" "<value>"` in a root login shell): `$VAR`, `${VAR}` and `${VAR:-word}` /
+/// `${VAR-word}` expand, a backslash escapes `$`, `` ` ``, `"` and `\`; command substitution
+/// is never run (upstream escapes it) and stays as written.
+pub fn expand(value: &str, env: &BTreeMap<String, String>) -> String {
+    let name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(c) = rest.chars().next() {
+        rest = &rest[c.len_utf8()..];
+        match c {
+            '\\' => match rest.chars().next() {
+                Some(n @ ('$' | '`' | '"' | '\\')) => {
+                    out.push(n);
+                    rest = &rest[1..];
+                }
+                _ => out.push('\\'),
+            },
+            '$' if rest.starts_with('{') => {
+                let Some(end) = rest.find('}') else {
+                    out.push('$');
+                    continue;
+                };
+                let inner = &rest[1..end];
+                rest = &rest[end + 1..];
+                let (name, default, if_empty) = match inner.find(":-") {
+                    Some(i) => (&inner[..i], Some(&inner[i + 2..]), true),
+                    None => match inner.find('-') {
+                        Some(i) => (&inner[..i], Some(&inner[i + 1..]), false),
+                        None => (inner, None, false),
+                    },
+                };
+                if name.is_empty() || !name.chars().all(name_char) {
+                    // Not a parameter upstream's shell would expand quietly; keep it.
+                    out.push_str("${");
+                    out.push_str(inner);
+                    out.push('}');
+                    continue;
+                }
+                match (env.get(name), default) {
+                    (Some(v), Some(_)) if if_empty && v.is_empty() => {
+                        out.push_str(&expand(default.unwrap_or(""), env))
+                    }
+                    (Some(v), _) => out.push_str(v),
+                    (None, Some(d)) => out.push_str(&expand(d, env)),
+                    (None, None) => {}
+                }
+            }
+            '$' if rest.starts_with(|c: char| c.is_ascii_digit()) => {
+                // A positional parameter: a login shell's are empty.
+                rest = &rest[1..];
+            }
+            '$' => {
+                let len = rest
+                    .char_indices()
+                    .find(|&(_, c)| !name_char(c))
+                    .map_or(rest.len(), |(i, _)| i);
+                if len == 0 {
+                    out.push('$');
+                    continue;
+                }
+                if let Some(v) = env.get(&rest[..len]) {
+                    out.push_str(v);
+                }
+                rest = &rest[len..];
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Creates `name` if it is missing; with `admin`, also gives it passwordless sudo (the e2b
 /// default user phase).
 pub fn user_script(name: &str, admin: bool) -> String {
@@ -414,5 +503,41 @@ mod tests {
         assert!(command_env(&ctx)["PATH"].starts_with("/opt/bin:/usr/local/sbin"));
         ctx.env.clear();
         assert!(!command_env(&ctx).contains_key("PATH"));
+    }
+
+    #[test]
+    fn env_values_expand_as_in_double_quotes() {
+        let env: BTreeMap<String, String> =
+            [("HOME", "/root"), ("PATH", "/usr/bin:/bin"), ("EMPTY", "")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let cases = [
+            ("plain", "plain"),
+            ("$HOME/bin", "/root/bin"),
+            ("/opt/bin:${PATH}", "/opt/bin:/usr/bin:/bin"),
+            ("$NOPE-x", "-x"),
+            ("${NOPE:-fallback $HOME}", "fallback /root"),
+            ("${EMPTY:-used}", "used"),
+            ("${EMPTY-kept}", ""),
+            ("${NOPE-kept}", "kept"),
+            ("cost \\$5", "cost $5"),
+            ("a\\\\b", "a\\b"),
+            ("a\\nb", "a\\nb"),
+            ("$(id -u) `id`", "$(id -u) `id`"),
+            ("$", "$"),
+            ("x$", "x$"),
+            ("$1abc", "abc"),
+            ("${bad name}", "${bad name}"),
+            ("${unterminated", "${unterminated"),
+            ("ünïcode $HOME", "ünïcode /root"),
+        ];
+        for (value, want) in cases {
+            assert_eq!(expand(value, &env), want, "{value}");
+        }
+        assert!(needs_expansion("$A") && needs_expansion("a\\b") && !needs_expansion("a b"));
+        let parsed = parse_env0(b"A=1\0B=x=y\0junk\0");
+        assert_eq!(parsed.get("B").map(String::as_str), Some("x=y"));
+        assert_eq!(parsed.len(), 2);
     }
 }

@@ -66,6 +66,9 @@ def test_a_build_with_every_instruction_makes_the_sandboxes_it_describes(context
         .run_cmd("echo $(whoami) > /home/user/built-as; echo visible-output")
         .run_cmd("id -u > /made-by-root", user="root")
         .set_envs({"GREETING": "hello", "EMPTY": ""})
+        # Expanded as upstream: against a root login shell, not earlier ENV values; command
+        # substitution is never run.
+        .set_envs({"EXPANDED": "$HOME/x:${GREETING:-unset}", "LITERAL": "$(id -u) \\$HOME"})
         .run_cmd('echo "$GREETING" > /home/user/greeting')
         .make_dir("/home/user/data/deep", mode=0o700)
         .make_symlink("/home/user/app/hello.txt", "/home/user/hello-link")
@@ -105,6 +108,7 @@ def test_a_build_with_every_instruction_makes_the_sandboxes_it_describes(context
         assert run(sbx, "pwd") == "/home/user/work"
         assert run(sbx, "stat -c %U /home/user/work") == "user"
         assert run(sbx, "echo $GREETING") == "hello"
+        assert run(sbx, 'echo "$EXPANDED|$LITERAL"') == "/root/x:unset|$(id -u) $HOME"
         # Finalize's configuration, as upstream.
         assert "TEMPLATE_ID=" + info.template_id in run(sbx, "cat /.e2b")
         assert run(sbx, "stat -c %a /code") == "777"
