@@ -398,6 +398,10 @@ pub struct SandboxArgs {
         default_value_t = 1
     )]
     pub built_template_pool: u32,
+    /// Disk the teams' build caches (layers no template uses) and uploaded files may take, in
+    /// MiB; past it the least recently used go.
+    #[arg(long = "build-cache-mib", value_name = "MIB", default_value_t = crate::node::config::DEFAULT_BUILD_CACHE_MIB)]
+    pub build_cache_mib: u64,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
@@ -485,6 +489,7 @@ impl SandboxArgs {
         node.template_upload_max_bytes = self.template_upload_max_mib << 20;
         node.registry = self.registry.config()?;
         node.built_pool = self.built_template_pool;
+        node.build_cache_bytes = self.build_cache_mib << 20;
         node.disk_bytes = match self.sandbox_disk_mib {
             Some(0) => {
                 return Err(crate::model::Error::invalid(

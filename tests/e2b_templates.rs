@@ -833,3 +833,79 @@ async fn a_hostile_build_step_stays_in_its_sandbox() {
 fn rand_suffix() -> String {
     format!("{:08x}", rand::random::<u32>())
 }
+
+/// What builds leave stays within `--build-cache-mib`: once a template is deleted, the layers
+/// only its team's cache still names are trimmed (its rebuild runs every step again), while
+/// the layers a template stands on stay whatever the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_build_cache_is_trimmed_to_its_budget() {
+    let (tmp, _) = workspace();
+    let mut gw = gateway(tmp.path(), &["--build-cache-mib", "1"]).await;
+    let layers = tmp.path().join("templates/.layers");
+    let listing = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(&layers)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect()
+    };
+    let write = |name: &str| json!([{"type": "RUN", "args": [format!("head -c 3M /dev/urandom > /home/user/{name}")]}]);
+    build(&gw, "kept", write("kept")).await;
+    let before = listing();
+    let dropped = build(&gw, "dropped", write("dropped")).await;
+    let its_layers: Vec<String> = listing().difference(&before).cloned().collect();
+    assert!(!its_layers.is_empty());
+
+    let deleted = gw
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/templates/{dropped}"),
+            Some(KEY_A),
+            None,
+        )
+        .await;
+    assert!(deleted.status.is_success(), "{:?}", deleted.body);
+    let mut left = its_layers.clone();
+    for _ in 0..100 {
+        let now = listing();
+        left.retain(|l| now.contains(l));
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        left.is_empty(),
+        "the deleted template's layers stay: {left:?}"
+    );
+    assert!(before.is_subset(&listing()), "a template's own layers went");
+
+    // The kept template still starts; the dropped one's steps are no longer cached.
+    let made = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": "kept", "timeout": 60})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let (tid, bid) = start_build(&gw, "dropped", write("dropped")).await;
+    let s = ended(&gw, &tid, &bid).await;
+    assert_eq!(s["status"], "ready", "{s}");
+    let cached = s["logEntries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("CACHED [builder")
+        })
+        .count();
+    assert_eq!(cached, 0, "{s}");
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+}

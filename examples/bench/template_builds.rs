@@ -266,8 +266,10 @@ pub fn render(o: &mut String, b: &TemplateBuildBench) {
          command, so every step runs (the upload is already stored after the first run). \
          Rebuilt: the same build again, every step from the team's cache (finalize still runs, \
          as upstream). Creates: `POST /v2/sandboxes` from a built template with a start command \
-         (`python3 -m http.server 8000`, ready when `ss` sees the port), against one without; \
-         no pool holds built templates, so both boot.\n"
+         (`python3 -m http.server 8000`, ready when `ss` sees the port): from its warm pool \
+         (`--built-template-pool 1`, waited for before each create), and without internet \
+         access (a key no pool holds, so it boots and the start command is awaited); against a \
+         template without one (no pool: it boots).\n"
     );
     let _ = writeln!(
         o,

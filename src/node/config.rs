@@ -48,12 +48,17 @@ pub struct NodeConfig {
     /// Warm sandboxes kept for each built template's default build that has a start or ready
     /// command (0: none).
     pub built_pool: u32,
+    /// Bytes the teams' build caches (layers no template uses) and uploads may take.
+    pub build_cache_bytes: u64,
     /// Where builds pull images from.
     pub registry: crate::templates::registry::RegistryConfig,
 }
 
 /// The default upload limit of a template build's files: 1 GiB.
 pub const DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES: u64 = 1 << 30;
+
+/// The default budget of build caches and uploads: 10 GiB.
+pub const DEFAULT_BUILD_CACHE_MIB: u64 = 10 << 10;
 
 /// The default paused retention: 7 days.
 pub const DEFAULT_PAUSED_RETENTION_SECONDS: u64 = 7 * 24 * 3600;
@@ -121,6 +126,7 @@ impl NodeConfig {
             service_timeout: SERVICE_TIMEOUT,
             template_upload_max_bytes: DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES,
             built_pool: 1,
+            build_cache_bytes: DEFAULT_BUILD_CACHE_MIB << 20,
             registry: Default::default(),
         }
     }

@@ -339,6 +339,7 @@ impl<R: Runtime> Node<R> {
         let node = Node { inner };
         node.persist_now().await?;
         node.sync_built_pools();
+        node.collect_build_garbage(Default::default());
         node.inner.tasks.spawn(node.clone().refill_loop());
         node.inner.tasks.spawn(node.clone().reaper_loop());
         node.inner.tasks.spawn(node.clone().persist_loop());

@@ -156,6 +156,64 @@ impl TemplateStore {
         }
     }
 
+    /// The layers some template stands on: its root's and its own. Errs when a template's
+    /// description cannot be read, so that nothing is taken from under it.
+    pub fn layers_in_use(&self) -> Result<std::collections::HashSet<String>> {
+        #[derive(Deserialize)]
+        struct Uses {
+            #[serde(default)]
+            id: String,
+            #[serde(default)]
+            layers: Vec<String>,
+        }
+        let mut used = std::collections::HashSet::new();
+        let entries = fs::read_dir(&self.dir).map_err(io("listing the templates"))?;
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let dir = e.path();
+            let meta = dir.join(META);
+            let uses: Uses = match fs::read(&meta) {
+                Ok(bytes) => serde_json::from_slice(&bytes).map_err(|err| {
+                    Error::internal(format!("{} does not parse: {err}", meta.display()))
+                })?,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(Error::io(format!("reading {}", meta.display()), err)),
+            };
+            used.extend(uses.layers);
+            used.insert(format!("root-{}", uses.id));
+            if let Ok(target) = fs::read_link(dir.join(ROOTFS))
+                && let Ok(id) = target.strip_prefix(Path::new("..").join(LAYERS))
+            {
+                used.insert(id.to_string_lossy().into_owned());
+            }
+        }
+        Ok(used)
+    }
+
+    /// The layers there are (not those being written), by id.
+    pub fn layer_ids(&self) -> Vec<String> {
+        fs::read_dir(self.dir.join(LAYERS))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect()
+    }
+
+    /// Removes a layer (a link, for a root kept elsewhere, is removed, not followed).
+    pub fn remove_layer(&self, id: &str) -> Result<()> {
+        let path = self.layer_path(id);
+        match fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&path),
+            Ok(_) => fs::remove_file(&path),
+            Err(_) => Ok(()),
+        }
+        .map_err(io(format!("removing {}", path.display())))
+    }
+
     /// Removes layers an interrupted commit left half-written.
     pub(super) fn clean_new_layers(&self) {
         for e in fs::read_dir(self.dir.join(LAYERS))

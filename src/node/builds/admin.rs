@@ -87,6 +87,22 @@ impl<R: Runtime> Node<R> {
 
     /// Carries out `op`; the answer's shape depends on it.
     pub fn template_op(&self, op: TemplateOp) -> Result<serde_json::Value> {
+        // The layers of a template about to be deleted, for the collection after it.
+        let released: std::collections::HashSet<String> = match &op {
+            TemplateOp::Delete { team, name } => self
+                .team_template(team, name)
+                .map(|t| {
+                    self.builds_of(&t)
+                        .iter()
+                        .filter_map(|b| b.store_name.as_deref())
+                        .filter_map(|s| self.template(s).ok())
+                        .flat_map(|t| t.meta.layers)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            _ => Default::default(),
+        };
+        let deletes = matches!(op, TemplateOp::Delete { .. });
         let moves_tags = matches!(
             op,
             TemplateOp::AssignTags { .. }
@@ -96,6 +112,9 @@ impl<R: Runtime> Node<R> {
         let done = self.carry_out(op);
         if moves_tags && done.is_ok() {
             self.sync_built_pools();
+        }
+        if deletes && done.is_ok() {
+            self.collect_build_garbage(released);
         }
         done
     }

@@ -52,6 +52,7 @@ impl<R: Runtime> Node<R> {
         let (root, ctx) = match hit {
             Some(found) => {
                 log(format!("CACHED [base] FROM {image} [{short}]"));
+                b.touch(&rec.team, &chain);
                 found
             }
             None => {
@@ -61,6 +62,7 @@ impl<R: Runtime> Node<R> {
                 let entry = Cached {
                     layer: Some(found.0.clone()),
                     context: found.1.clone(),
+                    used_at: Some(chrono::Utc::now()),
                 };
                 if let Err(e) = b.records.cache(&rec.team, &chain, entry) {
                     tracing::warn!(build = %rec.build_id, error = %e, "could not cache an image");

@@ -3,6 +3,7 @@
 //! of its log. `run` executes a build in sandboxes of this node; what is kept is in `records`.
 
 mod admin;
+mod gc;
 mod image;
 mod records;
 mod run;
@@ -52,6 +53,8 @@ pub(crate) struct Builds {
 impl Builds {
     pub fn open(data: &Path, templates: &Path, max_upload: u64) -> Result<Builds> {
         let records = Records::open(data, templates)?;
+        // Nothing is being received before the node serves.
+        records.clean_partial_uploads();
         // Nothing runs a build that was under way when the node stopped: say so, and say that
         // a build never started after a restart will not be either.
         for mut b in records.builds() {
@@ -330,6 +333,7 @@ impl<R: Runtime> Node<R> {
             let outcome = node.run_build(&rec, &req.spec, &live).await;
             node.builds().finish(&id, outcome);
             node.sync_built_pools();
+            node.collect_build_garbage(Default::default());
         });
         Ok(())
     }
@@ -362,7 +366,12 @@ impl<R: Runtime> Node<R> {
     pub fn has_build_files(&self, f: &FilesRef) -> Result<bool> {
         let b = self.builds();
         b.owned_template(&f.team, &f.template_id)?;
-        Ok(b.records.files_path(&f.team, &f.hash).is_file())
+        let path = b.records.files_path(&f.team, &f.hash);
+        let present = path.is_file();
+        if present {
+            Builds::touch_upload(&path);
+        }
+        Ok(present)
     }
 
     /// Receives an upload: written beside its place, checked, then put there; nothing is

@@ -46,6 +46,9 @@ pub struct BuildRecord {
 pub struct Cached {
     pub layer: Option<String>,
     pub context: crate::templates::build::steps::Context,
+    /// When a build last used it (made or found it): the cache is trimmed oldest first.
+    #[serde(default)]
+    pub used_at: Option<DateTime<Utc>>,
 }
 
 /// Where the records live.
@@ -190,6 +193,60 @@ impl Records {
         let mut all: HashMap<String, Cached> = read_json(&path)?.unwrap_or_default();
         all.insert(key.to_string(), entry);
         write_json(&path, &all)
+    }
+
+    /// Marks the team's entry `key` used now (the caller holds the builds' write lock).
+    pub fn touch_cached(&self, team: &str, key: &str) -> Result<()> {
+        let path = self.cache_path(team);
+        let mut all: HashMap<String, Cached> = read_json(&path)?.unwrap_or_default();
+        if let Some(e) = all.get_mut(key) {
+            e.used_at = Some(Utc::now());
+            write_json(&path, &all)?;
+        }
+        Ok(())
+    }
+
+    /// Every team's cache, by the file it is kept in.
+    pub fn caches(&self) -> Vec<(PathBuf, HashMap<String, Cached>)> {
+        fs::read_dir(&self.cache)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .filter_map(|p| Some((p.clone(), read_json(&p).ok().flatten()?)))
+            .collect()
+    }
+
+    /// Writes back a team's cache read with `caches`.
+    pub fn save_cache(&self, path: &Path, all: &HashMap<String, Cached>) -> Result<()> {
+        write_json(path, all)
+    }
+
+    /// Every kept upload (not those being received).
+    pub fn uploads(&self) -> Vec<PathBuf> {
+        fs::read_dir(&self.files)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|team| fs::read_dir(team.path()).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| !n.to_string_lossy().starts_with('.'))
+            })
+            .collect()
+    }
+
+    /// Removes uploads a stopped node was receiving.
+    pub fn clean_partial_uploads(&self) {
+        for team in fs::read_dir(&self.files).into_iter().flatten().flatten() {
+            for e in fs::read_dir(team.path()).into_iter().flatten().flatten() {
+                if e.file_name().to_string_lossy().starts_with(".upload-") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
     }
 
     /// Where a team's upload of `hash` is kept (the team's name hashed: it may hold anything).

@@ -477,6 +477,7 @@ impl<R: Runtime> Job<'_, R> {
                 .is_none_or(|l| store.layer_path(l).is_dir())
         {
             self.log(Some(label), format!("CACHED {what} [{short}]"));
+            b.touch(&self.rec.team, key);
             self.layers.splice(0..0, hit.layer);
             self.ctx = hit.context;
             return Ok(());
@@ -490,6 +491,7 @@ impl<R: Runtime> Job<'_, R> {
             Cached {
                 layer,
                 context: self.ctx.clone(),
+                used_at: Some(chrono::Utc::now()),
             },
         ) {
             tracing::warn!(build = %self.rec.build_id, error = %e, "could not cache a phase");
@@ -581,6 +583,7 @@ impl<R: Runtime> Job<'_, R> {
                 hash,
             } => {
                 let files = self.node.builds().records.files_path(&self.rec.team, hash);
+                super::Builds::touch_upload(&files);
                 if !files.is_file() {
                     return Err(fail(
                         label,
