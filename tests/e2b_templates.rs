@@ -44,7 +44,7 @@ async fn gateway(tmp: &Path, extra: &[&str]) -> Gateway {
 async fn templates_build_with_the_sdks() {
     ensure_sdks();
     let (tmp, _) = workspace();
-    let mut gw = gateway(tmp.path(), &[]).await;
+    let gw = gateway(tmp.path(), &[]).await;
     let env = vec![
         ("E2B_API_URL", gw.url.clone()),
         ("E2B_SANDBOX_URL", gw.url.clone()),
@@ -53,8 +53,7 @@ async fn templates_build_with_the_sdks() {
         scenarios::pytest("2.63.0", &["template_scenarios.py"], &[], &env, &[]);
         scenarios::node("js e2b 2.51.0 templates", "templates.mjs", false, &env, &[]);
     });
-    gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    stop_clean(gw, tmp.path()).await;
 }
 
 /// A tar archive of `members` (name, bytes), built by hand so that it may be hostile.
@@ -289,6 +288,26 @@ async fn bad_build_input_is_refused_and_nothing_is_kept() {
     gw.proc.terminate();
 }
 
+/// Stops the gateway and checks that it left nothing behind.
+async fn stop_clean(mut gw: Gateway, tmp: &Path) {
+    gw.proc.terminate();
+    assert_no_leaks(tmp, &[gw.data.join("node/sandboxes")]).await;
+}
+
+/// `POST /v2/sandboxes` of `template` for team-a, which must answer 201.
+async fn created(gw: &Gateway, template: &str) -> Reply {
+    let made = gw
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(KEY_A),
+            Some(json!({"templateID": template, "timeout": 60})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    made
+}
+
 fn uuid_like(s: &str) -> bool {
     s.len() == 36 && s.chars().filter(|&c| c == '-').count() == 4
 }
@@ -363,8 +382,7 @@ async fn a_built_template_is_a_kubernetes_sandboxs_image_in_its_namespace_only()
         "{:?}",
         nodes.body
     );
-    gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    stop_clean(gw, tmp.path()).await;
 }
 
 /// Requests a build of `alias` and starts it with `steps`; answers (template id, build id).
@@ -422,7 +440,7 @@ async fn ended(gw: &Gateway, tid: &str, bid: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn builds_end_clearly_when_cancelled_out_of_room_or_interrupted() {
     let (tmp, _) = workspace();
-    let mut gw = gateway(tmp.path(), &["--sandbox-disk-mib", "64"]).await;
+    let gw = gateway(tmp.path(), &["--sandbox-disk-mib", "64"]).await;
 
     // A step that fills the build's disk fails with the reason.
     let fill =
@@ -461,9 +479,8 @@ async fn builds_end_clearly_when_cancelled_out_of_room_or_interrupted() {
     let (tid, bid) = start_build(&gw, "interrupted", slow).await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(status(&gw, &tid, &bid).await["status"], "building");
-    gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
-    let mut gw = Gateway::start(
+    stop_clean(gw, tmp.path()).await;
+    let gw = Gateway::start(
         tmp.path(),
         &[
             "--templates-dir",
@@ -492,8 +509,7 @@ async fn builds_end_clearly_when_cancelled_out_of_room_or_interrupted() {
         )
         .await;
     assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
-    gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    stop_clean(gw, tmp.path()).await;
 }
 
 /// A gVisor node cannot build (its sandboxes keep their writes in memory), but it starts
@@ -510,7 +526,7 @@ async fn templates_built_on_one_runtime_start_on_gvisor() {
     build(&gw, "for-gvisor", steps).await;
     gw.proc.terminate();
     let templates = tmp.path().join("templates").display().to_string();
-    let mut gv = Gateway::start_named(
+    let gv = Gateway::start_named(
         tmp.path(),
         "gv",
         &[
@@ -523,15 +539,7 @@ async fn templates_built_on_one_runtime_start_on_gvisor() {
         ],
     );
     gv.wait_warm(1, "base on gvisor").await;
-    let made = gv
-        .call(
-            reqwest::Method::POST,
-            "/v2/sandboxes",
-            Some(KEY_A),
-            Some(json!({"templateID": "for-gvisor", "timeout": 60})),
-        )
-        .await;
-    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let made = created(&gv, "for-gvisor").await;
     let (code, out) = gv
         .run(
             &made.body,
@@ -564,8 +572,7 @@ async fn templates_built_on_one_runtime_start_on_gvisor() {
         "{:?}",
         refused.body
     );
-    gv.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gv.data.join("node/sandboxes")]).await;
+    stop_clean(gv, tmp.path()).await;
 }
 
 /// `from_image`, `from_debian_image` and `from_dockerfile` through the Python SDK
@@ -643,7 +650,7 @@ async fn templates_build_from_images_in_registries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
     let (tmp, _) = workspace();
-    let mut gw = gateway(tmp.path(), &[]).await;
+    let gw = gateway(tmp.path(), &[]).await;
     let spec = |v: &str| {
         json!({
             "fromTemplate": "base",
@@ -661,15 +668,7 @@ async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let made = gw
-        .call(
-            reqwest::Method::POST,
-            "/v2/sandboxes",
-            Some(KEY_A),
-            Some(json!({"templateID": "pooled", "timeout": 60})),
-        )
-        .await;
-    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let made = created(&gw, "pooled").await;
     let (code, out) = gw
         .run(
             &made.body,
@@ -694,14 +693,7 @@ async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
     let second_pool = format!("{tid}.{}", &second[..8]);
     gw.wait_warm_of(&second_pool, 1).await;
     gw.wait_warm_of(&first_pool, 0).await;
-    let again = gw
-        .call(
-            reqwest::Method::POST,
-            "/v2/sandboxes",
-            Some(KEY_A),
-            Some(json!({"templateID": "pooled", "timeout": 60})),
-        )
-        .await;
+    let again = created(&gw, "pooled").await;
     let (_, out) = gw.run(&again.body, "cat /home/user/v").await.unwrap();
     assert_eq!(out.trim(), "v2");
 
@@ -735,8 +727,7 @@ async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
         .await;
     assert!(deleted.status.is_success(), "{:?}", deleted.body);
     gw.wait_warm_of(&format!("{tid}."), 0).await;
-    gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    stop_clean(gw, tmp.path()).await;
 }
 
 /// A build step is hostile code like any sandbox's: run as root in the build, it tries to
@@ -746,7 +737,7 @@ async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_build_step_stays_in_its_sandbox() {
     let (tmp, _) = workspace();
-    let mut gw = gateway(tmp.path(), &[]).await;
+    let gw = gateway(tmp.path(), &[]).await;
     let nonce = format!("{}-{}", std::process::id(), rand_suffix());
     let canary = tmp.path().join(format!("canary-{nonce}"));
     std::fs::write(&canary, "host secret").unwrap();
@@ -796,15 +787,7 @@ async fn a_hostile_build_step_stays_in_its_sandbox() {
     // The step's layer has them (finalize's too: it gives them to `user`).
     assert!(links >= 4, "the step's links are in its layer ({links})");
 
-    let made = gw
-        .call(
-            reqwest::Method::POST,
-            "/v2/sandboxes",
-            Some(KEY_A),
-            Some(json!({"templateID": "hostile", "timeout": 60})),
-        )
-        .await;
-    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let made = created(&gw, "hostile").await;
     let (_, out) = gw
         .run(
             &made.body,
@@ -826,8 +809,7 @@ async fn a_hostile_build_step_stays_in_its_sandbox() {
     assert!(out.contains("done"), "{out}");
     assert!(out.contains("/etc/shadow\n"), "{out}");
     drop(listener);
-    gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    stop_clean(gw, tmp.path()).await;
 }
 
 fn rand_suffix() -> String {
@@ -840,7 +822,7 @@ fn rand_suffix() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_build_cache_is_trimmed_to_its_budget() {
     let (tmp, _) = workspace();
-    let mut gw = gateway(tmp.path(), &["--build-cache-mib", "1"]).await;
+    let gw = gateway(tmp.path(), &["--build-cache-mib", "1"]).await;
     let layers = tmp.path().join("templates/.layers");
     let listing = || -> std::collections::BTreeSet<String> {
         std::fs::read_dir(&layers)
@@ -882,15 +864,7 @@ async fn the_build_cache_is_trimmed_to_its_budget() {
     assert!(before.is_subset(&listing()), "a template's own layers went");
 
     // The kept template still starts; the dropped one's steps are no longer cached.
-    let made = gw
-        .call(
-            reqwest::Method::POST,
-            "/v2/sandboxes",
-            Some(KEY_A),
-            Some(json!({"templateID": "kept", "timeout": 60})),
-        )
-        .await;
-    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    created(&gw, "kept").await;
     let (tid, bid) = start_build(&gw, "dropped", write("dropped")).await;
     let s = ended(&gw, &tid, &bid).await;
     assert_eq!(s["status"], "ready", "{s}");
@@ -906,6 +880,5 @@ async fn the_build_cache_is_trimmed_to_its_budget() {
         })
         .count();
     assert_eq!(cached, 0, "{s}");
-    gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    stop_clean(gw, tmp.path()).await;
 }

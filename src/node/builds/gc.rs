@@ -252,18 +252,14 @@ mod tests {
             },
             used_at: Some(Utc::now() - chrono::Duration::seconds(age_s)),
         };
-        b.records
-            .cache("team", "k-used", entry("l-used", 9000))
-            .unwrap();
-        b.records
-            .cache("team", "k-old", entry("l-old", 600))
-            .unwrap();
-        b.records
-            .cache("other", "k-new", entry("l-new", 10))
-            .unwrap();
-        b.records
-            .cache("team", "k-gone", entry("l-missing", 1))
-            .unwrap();
+        for (team, key, l, age) in [
+            ("team", "k-used", "l-used", 9000),
+            ("team", "k-old", "l-old", 600),
+            ("other", "k-new", "l-new", 10),
+            ("team", "k-gone", "l-missing", 1),
+        ] {
+            b.records.cache(team, key, entry(l, age)).unwrap();
+        }
         let upload = b.records.files_staging("team").unwrap();
         std::fs::write(&upload, vec![1u8; 65536]).unwrap();
         let upload_kept = upload.with_file_name("abc123");
