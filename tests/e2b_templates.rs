@@ -576,7 +576,8 @@ async fn templates_built_on_one_runtime_start_on_gvisor() {
 }
 
 /// `from_image`, `from_debian_image` and `from_dockerfile` through the Python SDK
-/// (tests/e2b/py/image_scenarios.py), pulling from real registries on loopback: one plain and
+/// (tests/e2b/py/image_scenarios.py) and `fromImage` through the JS SDK
+/// (tests/e2b/js/images.mjs), pulling from real registries on loopback: one plain and
 /// anonymous (also the node's mirror of Docker Hub), one behind TLS with a CA of the test's
 /// own and a password. The node reaches them because its operator named them; a loopback
 /// registry it was not told of is refused.
@@ -629,6 +630,7 @@ async fn templates_build_from_images_in_registries() {
     ];
     tokio::task::block_in_place(|| {
         scenarios::pytest("2.63.0", &["image_scenarios.py"], &[], &env, &[]);
+        scenarios::node("js e2b 2.51.0 images", "images.mjs", false, &env, &[]);
     });
     // Pulls leave nothing beside the layers they made.
     let layers = tmp.path().join("templates/.layers");

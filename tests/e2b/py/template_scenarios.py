@@ -12,7 +12,9 @@ Run by tests/e2b_templates.rs against a gateway whose node builds on the built-i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import subprocess
 import time
 import uuid
 
@@ -366,3 +368,57 @@ def test_tags_listing_publishing_and_deletion():
     with pytest.raises(Exception):
         Sandbox.create(name, timeout=30)
     assert api("DELETE", f"/templates/{v1.template_id}").status_code == 404
+
+
+def test_apt_install_from_a_local_package_source(tmp_path):
+    # A package made here, in a flat repository the build copies in; Debian's own sources go
+    # first, so no step needs the internet.
+    pkg = tmp_path / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "usr" / "bin").mkdir(parents=True)
+    control = (
+        "Package: sgw-hello\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: tests <tests@example.invalid>\nDescription: says hello\n"
+    )
+    (pkg / "DEBIAN" / "control").write_text(control)
+    tool = pkg / "usr" / "bin" / "sgw-hello"
+    tool.write_text("#!/bin/sh\necho hello from a package\n")
+    tool.chmod(0o755)
+    repo = tmp_path / "ctx" / "repo"
+    repo.mkdir(parents=True)
+    deb_path = repo / "sgw-hello_1.0_all.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(pkg), str(deb_path)],
+        check=True,
+        capture_output=True,
+    )
+    deb = deb_path.read_bytes()
+    packages = (
+        control
+        + f"Filename: ./{deb_path.name}\nSize: {len(deb)}\nSHA256: {hashlib.sha256(deb).hexdigest()}\n\n"
+    ).encode()
+    (repo / "Packages").write_bytes(packages)
+    (repo / "Release").write_text(
+        "Origin: tests\nLabel: tests\nSuite: local\nCodename: local\n"
+        "Date: Thu, 01 Jan 2026 00:00:00 UTC\nArchitectures: all amd64\nSHA256:\n"
+        f" {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n"
+    )
+    t = (
+        Template(file_context_path=str(tmp_path / "ctx"))
+        .from_template("base")
+        .copy("repo", "/opt/repo", user="root")
+        .run_cmd(
+            "rm -f /etc/apt/sources.list /etc/apt/sources.list.d/* && "
+            "echo 'deb [trusted=yes] file:/opt/repo ./' > /etc/apt/sources.list.d/local.list",
+            user="root",
+        )
+        .apt_install(["sgw-hello"], no_install_recommends=True)
+    )
+    name = unique("apt")
+    Template.build(t, name)
+    sbx = Sandbox.create(name, timeout=60)
+    try:
+        assert run(sbx, "sgw-hello") == "hello from a package"
+        assert run(sbx, "dpkg-query -W -f '${Version}' sgw-hello") == "1.0"
+    finally:
+        sbx.kill()
