@@ -29,6 +29,55 @@ fn decode<T: serde::de::DeserializeOwned>(c: proto::BuildCall) -> Result<T> {
         .map_err(|e| Error::internal(format!("a node's build answer does not parse: {e}")))
 }
 
+/// The node calls whose bodies and answers are JSON (`model::builds`).
+#[derive(Debug, Clone, Copy)]
+enum JsonRpc {
+    RequestBuild,
+    StartBuild,
+    GetBuild,
+    HasBuildFiles,
+    TemplateOp,
+}
+
+impl JsonRpc {
+    fn what(self) -> &'static str {
+        match self {
+            JsonRpc::RequestBuild => "request build",
+            JsonRpc::StartBuild => "start build",
+            JsonRpc::GetBuild => "build status",
+            JsonRpc::HasBuildFiles => "build files",
+            JsonRpc::TemplateOp => "template",
+        }
+    }
+}
+
+/// Sends `body` to `node` as `rpc` and decodes the node's answer.
+async fn call_json<T: serde::de::DeserializeOwned>(
+    node: &NodeHandle,
+    rpc: JsonRpc,
+    effect: Effect,
+    timeout: std::time::Duration,
+    body: proto::BuildCall,
+) -> Result<T> {
+    let conn = node.conn();
+    let mut c = conn.client();
+    let what = rpc.what();
+    let reply = match rpc {
+        JsonRpc::RequestBuild => {
+            conn.call(what, effect, timeout, c.request_build(body))
+                .await
+        }
+        JsonRpc::StartBuild => conn.call(what, effect, timeout, c.start_build(body)).await,
+        JsonRpc::GetBuild => conn.call(what, effect, timeout, c.get_build(body)).await,
+        JsonRpc::HasBuildFiles => {
+            conn.call(what, effect, timeout, c.has_build_files(body))
+                .await
+        }
+        JsonRpc::TemplateOp => conn.call(what, effect, timeout, c.template_op(body)).await,
+    }?;
+    decode(reply)
+}
+
 impl Dispatcher {
     /// The up nodes that can build, in the order a template of `team` called `alias` tries
     /// them (rendezvous hashing: the same on every replica).
@@ -62,17 +111,15 @@ impl Dispatcher {
                     "no node that can build templates is up (gVisor nodes cannot build yet)",
                 )
             })?;
-        let mut c = node.conn().client();
-        let reply = node
-            .conn()
-            .call(
-                "request build",
-                Effect::Write,
-                self.inner.cfg.call_timeout,
-                c.request_build(encode(req)?),
-            )
-            .await?;
-        decode(reply)
+        let timeout = self.inner.cfg.call_timeout;
+        call_json(
+            &node,
+            JsonRpc::RequestBuild,
+            Effect::Write,
+            timeout,
+            encode(req)?,
+        )
+        .await
     }
 
     /// Asks the nodes in turn until one knows the template (not "not found").
@@ -99,57 +146,41 @@ impl Dispatcher {
         Err(last)
     }
 
-    pub async fn start_build(&self, req: &StartBuild) -> Result<()> {
-        let body = encode(req)?;
-        self.on_template_node("build", Effect::Write, async |node| {
-            let mut c = node.conn().client();
-            node.conn()
-                .call(
-                    "start build",
-                    Effect::Write,
-                    self.inner.cfg.call_timeout,
-                    c.start_build(body.clone()),
-                )
-                .await
-                .map(|_| ())
+    /// Calls `rpc` with `body` on the node that knows the template it names.
+    async fn on_template_json<T: serde::de::DeserializeOwned>(
+        &self,
+        what: &str,
+        rpc: JsonRpc,
+        effect: Effect,
+        body: proto::BuildCall,
+    ) -> Result<T> {
+        let timeout = self.inner.cfg.call_timeout;
+        self.on_template_node(what, effect, async |node| {
+            call_json(node, rpc, effect, timeout, body.clone()).await
         })
         .await
+    }
+
+    pub async fn start_build(&self, req: &StartBuild) -> Result<()> {
+        let body = encode(req)?;
+        self.on_template_json::<serde::de::IgnoredAny>(
+            "build",
+            JsonRpc::StartBuild,
+            Effect::Write,
+            body,
+        )
+        .await
+        .map(|_| ())
     }
 
     pub async fn get_build(&self, q: &BuildQuery) -> Result<BuildStatus> {
-        let body = encode(q)?;
-        self.on_template_node("build", Effect::Read, async |node| {
-            let mut c = node.conn().client();
-            let reply = node
-                .conn()
-                .call(
-                    "build status",
-                    Effect::Read,
-                    self.inner.cfg.call_timeout,
-                    c.get_build(body.clone()),
-                )
-                .await?;
-            decode(reply)
-        })
-        .await
+        self.on_template_json("build", JsonRpc::GetBuild, Effect::Read, encode(q)?)
+            .await
     }
 
     pub async fn has_build_files(&self, f: &FilesRef) -> Result<bool> {
-        let body = encode(f)?;
-        self.on_template_node("template", Effect::Read, async |node| {
-            let mut c = node.conn().client();
-            let reply = node
-                .conn()
-                .call(
-                    "build files",
-                    Effect::Read,
-                    self.inner.cfg.call_timeout,
-                    c.has_build_files(body.clone()),
-                )
-                .await?;
-            decode(reply)
-        })
-        .await
+        self.on_template_json("template", JsonRpc::HasBuildFiles, Effect::Read, encode(f)?)
+            .await
     }
 
     /// A team's template, resolved, described, tagged, published or deleted on the node that
@@ -162,20 +193,8 @@ impl Dispatcher {
             }
             _ => Effect::Write,
         };
-        self.on_template_node("template", effect, async |node| {
-            let mut c = node.conn().client();
-            let reply = node
-                .conn()
-                .call(
-                    "template",
-                    effect,
-                    self.inner.cfg.call_timeout,
-                    c.template_op(body.clone()),
-                )
-                .await?;
-            decode(reply)
-        })
-        .await
+        self.on_template_json("template", JsonRpc::TemplateOp, effect, body)
+            .await
     }
 
     /// Every node's templates visible to `team`, each once (nodes may share them).
@@ -188,18 +207,17 @@ impl Dispatcher {
         };
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
+        let timeout = self.inner.cfg.lookup_timeout;
         for node in self.inner.registry.up() {
-            let mut c = node.conn().client();
-            let reply = node
-                .conn()
-                .call(
-                    "templates",
-                    Effect::Read,
-                    self.inner.cfg.lookup_timeout,
-                    c.template_op(body.clone()),
-                )
-                .await;
-            if let Ok(views) = reply.and_then(decode::<Vec<TemplateView>>) {
+            let reply = call_json::<Vec<TemplateView>>(
+                &node,
+                JsonRpc::TemplateOp,
+                Effect::Read,
+                timeout,
+                body.clone(),
+            )
+            .await;
+            if let Ok(views) = reply {
                 // Nodes sharing a templates directory know the same templates.
                 out.extend(
                     views
@@ -221,16 +239,16 @@ impl Dispatcher {
         // The node is found first (without the body, which can be read only once).
         let node = self
             .on_template_node("template", Effect::Read, async |node| {
-                let mut c = node.conn().client();
-                node.conn()
-                    .call(
-                        "build files",
-                        Effect::Read,
-                        self.inner.cfg.call_timeout,
-                        c.has_build_files(encode(f)?),
-                    )
-                    .await
-                    .map(|_| node.clone())
+                let timeout = self.inner.cfg.call_timeout;
+                call_json::<bool>(
+                    node,
+                    JsonRpc::HasBuildFiles,
+                    Effect::Read,
+                    timeout,
+                    encode(f)?,
+                )
+                .await
+                .map(|_| node.clone())
             })
             .await?;
         let first = proto::FilesChunk {
