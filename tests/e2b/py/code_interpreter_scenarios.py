@@ -97,7 +97,14 @@ def test_results_errors_and_their_callbacks(sbx):
 
 
 def test_ipython_semantics_hold(sbx):
-    assert "".join(sbx.run_code("!pwd").logs.stdout).strip() == "/home/user"
+    # IPython runs `!cmd` on a pty; on gVisor (runsc 20221219, ptrace) a child that exits at
+    # once can leave its output unread on a loaded machine (CI saw it once in many runs). A few
+    # tries there; the builtin runtime gets one.
+    for _ in range(3 if RUNTIME == "gvisor" else 1):
+        shell = "".join(sbx.run_code("!pwd").logs.stdout).strip()
+        if shell:
+            break
+    assert shell == "/home/user"
     assert sbx.run_code("%pwd").text == "/home/user"
     assert sbx.run_code("import asyncio\nawait asyncio.sleep(0.01)\n'awaited'").text == "awaited"
     # Uniformly indented code still runs (IPython removes the common indent).
