@@ -41,10 +41,13 @@ enum Candidate {
 }
 
 impl Builds {
-    /// Marks a team's cache entry used (a hit keeps it from being trimmed first).
-    pub(super) fn touch(&self, team: &str, key: &str) {
+    /// Marks a team's cache entries used (a hit keeps them from being trimmed first).
+    pub(super) fn touch(&self, team: &str, keys: &[String]) {
+        if keys.is_empty() {
+            return;
+        }
         let _w = self.write_lock();
-        if let Err(e) = self.records.touch_cached(team, key) {
+        if let Err(e) = self.records.touch_cached(team, keys) {
             tracing::warn!(error = %e, "could not mark a cache entry used");
         }
     }

@@ -52,7 +52,7 @@ impl<R: Runtime> Node<R> {
         let (root, ctx) = match hit {
             Some(found) => {
                 log(format!("CACHED [base] FROM {image} [{short}]"));
-                b.touch(&rec.team, &chain);
+                b.touch(&rec.team, std::slice::from_ref(&chain));
                 found
             }
             None => {

@@ -195,12 +195,19 @@ impl Records {
         write_json(&path, &all)
     }
 
-    /// Marks the team's entry `key` used now (the caller holds the builds' write lock).
-    pub fn touch_cached(&self, team: &str, key: &str) -> Result<()> {
+    /// Marks the team's entries `keys` used now (the caller holds the builds' write lock).
+    pub fn touch_cached(&self, team: &str, keys: &[String]) -> Result<()> {
         let path = self.cache_path(team);
         let mut all: HashMap<String, Cached> = read_json(&path)?.unwrap_or_default();
-        if let Some(e) = all.get_mut(key) {
-            e.used_at = Some(Utc::now());
+        let now = Utc::now();
+        let mut found = false;
+        for k in keys {
+            if let Some(e) = all.get_mut(k) {
+                e.used_at = Some(now);
+                found = true;
+            }
+        }
+        if found {
             write_json(&path, &all)?;
         }
         Ok(())

@@ -70,6 +70,14 @@ struct Job<'a, R: Runtime> {
     forced: bool,
     /// How many steps the build has.
     total: usize,
+    /// The cache entries it used, marked used once it ends (one write, however it ends).
+    hits: Vec<String>,
+}
+
+impl<R: Runtime> Drop for Job<'_, R> {
+    fn drop(&mut self) {
+        self.node.builds().touch(&self.rec.team, &self.hits);
+    }
 }
 
 impl<R: Runtime> Node<R> {
@@ -223,6 +231,7 @@ impl<R: Runtime> Node<R> {
             key,
             forced: spec.force,
             total: spec.steps.len(),
+            hits: Vec::new(),
         };
 
         // The default user, with passwordless sudo.
@@ -477,7 +486,7 @@ impl<R: Runtime> Job<'_, R> {
                 .is_none_or(|l| store.layer_path(l).is_dir())
         {
             self.log(Some(label), format!("CACHED {what} [{short}]"));
-            b.touch(&self.rec.team, key);
+            self.hits.push(key.to_string());
             self.layers.splice(0..0, hit.layer);
             self.ctx = hit.context;
             return Ok(());
