@@ -851,12 +851,14 @@ async fn instances_that_die_are_noticed() {
     // Kill one warm agent from outside: the next claims still get running sandboxes.
     let warm = dir_entries(&node.sandboxes_dir());
     let victim = node.sandboxes_dir().join(&warm[0]);
-    for pid in processes_under(&victim) {
+    let killed = processes_under(&victim);
+    for &pid in &killed {
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    // SIGKILL lands asynchronously; the claim below is about an instance that is dead.
+    // SIGKILL lands asynchronously, and a dying process loses its command line before it is a
+    // zombie: the claim below is about an instance whose every process has finished exiting.
     eventually(Duration::from_secs(5), "the warm agent dies", || {
-        processes_under(&victim).is_empty()
+        processes_under(&victim).is_empty() && killed.iter().all(|&p| has_exited(p))
     })
     .await;
     let a = d.claim(claim_req("ns", "a", 600)).await.unwrap().record;

@@ -339,6 +339,15 @@ pub fn processes_under(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// Whether `pid` is gone or a zombie (a process still tearing down is neither).
+pub fn has_exited(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
 /// How many sandboxes under `dir` have live processes (each sandbox runs several: its
 /// supervisor, its init, its agent and what the agent starts).
 pub fn sandboxes_running(dir: &Path) -> usize {

@@ -1,7 +1,8 @@
 //! HTTP to a sandbox's port through its node: a CONNECT tunnel to the node's data plane
 //! (authenticated with the fleet token), then HTTP/1.1 over it with hyper. Connections are
 //! kept per (node, sandbox, port) and reused once their previous exchange is over; a request
-//! that a stale connection could not even start is retried once on a fresh one.
+//! that a stale connection could not even start, or that a reused connection dropped before
+//! any answer when repeating it is safe, is retried once on a fresh one.
 
 use std::collections::HashMap;
 use std::io;
@@ -266,15 +267,20 @@ impl Tunnels {
         };
         let mut req = req;
         if !upgrade && let Some(mut sender) = self.take(&key) {
+            let replay = replayable(&req);
             match sender.try_send_request(req).await {
                 Ok(resp) => {
                     self.recycle(key, sender);
                     return Ok(resp);
                 }
-                Err(mut e) => match e.take_message() {
+                Err(mut e) => match (e.take_message(), replay) {
                     // Never started: the connection was stale. Once more, on a fresh one.
-                    Some(r) => req = r,
-                    None => return Err(broken(e.into_error())),
+                    (Some(r), _) => req = r,
+                    // The server closed a reused connection without a byte of answer (its
+                    // idle close crossed our request). An idempotent request without a body
+                    // may be sent again (RFC 9110, 9.2.2); anything else could act twice.
+                    (None, Some(again)) if e.error().is_incomplete_message() => req = again,
+                    (None, _) => return Err(broken(e.into_error())),
                 },
             }
         }
@@ -295,6 +301,34 @@ impl Tunnels {
             }
         });
     }
+}
+
+/// A copy of `req` to send again if a reused connection drops it: only for idempotent methods
+/// and an empty body, which is all that can be rebuilt and safely repeated.
+fn replayable(req: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
+    use http_body_util::BodyExt;
+    use hyper::body::Body;
+    let idempotent = matches!(
+        *req.method(),
+        hyper::Method::GET
+            | hyper::Method::HEAD
+            | hyper::Method::OPTIONS
+            | hyper::Method::DELETE
+            | hyper::Method::PUT
+    );
+    if !idempotent || !req.body().is_end_stream() {
+        return None;
+    }
+    let mut copy = Request::new(
+        http_body_util::Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    Some(copy)
 }
 
 #[cfg(test)]
@@ -344,6 +378,61 @@ mod tests {
         );
         assert!(tunnels.take(&key("alive")).is_some());
         assert_eq!(tunnels.targets(), 0, "an emptied target is dropped at once");
+    }
+
+    fn request(method: &str, body: ProxyBody) -> Request<ProxyBody> {
+        let mut r = Request::new(body);
+        *r.method_mut() = method.parse().expect("method");
+        *r.uri_mut() = "/execute?x=1".parse().expect("uri");
+        r.headers_mut()
+            .insert("x-test", hyper::header::HeaderValue::from_static("kept"));
+        r
+    }
+
+    fn empty() -> ProxyBody {
+        use http_body_util::BodyExt;
+        http_body_util::Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+
+    #[test]
+    fn only_idempotent_bodiless_requests_are_replayable() {
+        use http_body_util::BodyExt;
+        let copy = replayable(&request("DELETE", empty())).expect("DELETE without a body");
+        assert_eq!(copy.method(), hyper::Method::DELETE);
+        assert_eq!(copy.uri(), "/execute?x=1");
+        assert_eq!(copy.headers()["x-test"], "kept");
+        assert!(replayable(&request("GET", empty())).is_some());
+        assert!(
+            replayable(&request("POST", empty())).is_none(),
+            "POST may act twice"
+        );
+        let streamed = http_body_util::Full::new(Bytes::from_static(b"x"))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        assert!(
+            replayable(&request("PUT", streamed)).is_none(),
+            "a body cannot be rebuilt"
+        );
+    }
+
+    /// The case the replay is for: the server reads the request and closes without answering.
+    #[tokio::test]
+    async fn a_dropped_exchange_is_an_incomplete_message_without_the_request() {
+        use tokio::io::AsyncReadExt;
+        let (mut sender, mut theirs) = pipe_connection().await;
+        tokio::spawn(async move {
+            let mut buf = [0u8; 256];
+            let _ = theirs.read(&mut buf).await;
+            drop(theirs);
+        });
+        let mut e = sender
+            .try_send_request(request("DELETE", empty()))
+            .await
+            .expect_err("no answer");
+        assert!(e.take_message().is_none(), "the request was sent");
+        assert!(e.error().is_incomplete_message(), "{}", e.error());
     }
 
     #[test]

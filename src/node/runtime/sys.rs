@@ -52,6 +52,8 @@ pub fn dup_high(fd: &impl AsRawFd) -> io::Result<OwnedFd> {
 pub struct ProcStat {
     pub state: u8,
     pub pgrp: i32,
+    /// The kernel's per-process flags (`PF_*`).
+    pub flags: u64,
     pub utime: u64,
     pub stime: u64,
     pub start_ticks: u64,
@@ -68,6 +70,7 @@ pub fn proc_stat(pid: i32) -> Option<ProcStat> {
     Some(ProcStat {
         state: *f.first()?.as_bytes().first()?,
         pgrp: f.get(2)?.parse().ok()?,
+        flags: f.get(6)?.parse().ok()?,
         utime: f.get(11)?.parse().ok()?,
         stime: f.get(12)?.parse().ok()?,
         start_ticks: f.get(19)?.parse().ok()?,
@@ -76,9 +79,17 @@ pub fn proc_stat(pid: i32) -> Option<ProcStat> {
 }
 
 /// Whether `pid` is still the process that was started at `start_ticks` and has not exited.
+///
+/// A process that is exiting counts as gone: a pid namespace's init that was killed stays in
+/// `S` or `D` while the kernel tears its namespace down, and is no longer serving anything.
 pub fn is_same_live_process(pid: i32, start_ticks: u64) -> bool {
-    proc_stat(pid)
-        .is_some_and(|s| s.start_ticks == start_ticks && s.state != b'Z' && s.state != b'X')
+    const PF_EXITING: u64 = 0x4;
+    proc_stat(pid).is_some_and(|s| {
+        s.start_ticks == start_ticks
+            && s.state != b'Z'
+            && s.state != b'X'
+            && s.flags & PF_EXITING == 0
+    })
 }
 
 pub fn clock_ticks_per_second() -> u64 {
