@@ -56,6 +56,33 @@ async fn templates_build_with_the_sdks() {
     stop_clean(gw, tmp.path()).await;
 }
 
+/// The Python SDK's central scenarios again with a gVisor node doing the builds: every
+/// instruction, start and ready commands, the cache, a template on a built template, and
+/// `apt_install` (the rest is the same gateway code whatever the runtime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_build_with_the_python_sdk_on_gvisor() {
+    ensure_sdks();
+    let (tmp, _) = workspace();
+    let gw = gateway(tmp.path(), &["--runtime", "gvisor"]).await;
+    let env = vec![
+        ("E2B_API_URL", gw.url.clone()),
+        ("E2B_SANDBOX_URL", gw.url.clone()),
+    ];
+    tokio::task::block_in_place(|| {
+        let scenarios = [
+            "test_a_build_with_every_instruction_makes_the_sandboxes_it_describes",
+            "test_start_and_ready_commands_run_before_the_sandbox_is_handed_out",
+            "test_an_unchanged_rebuild_comes_from_the_cache",
+            "test_a_template_built_on_a_built_template_stacks_on_it",
+            "test_apt_install_from_a_local_package_source",
+        ]
+        .map(|t| format!("template_scenarios.py::{t}"));
+        let files: Vec<&str> = scenarios.iter().map(String::as_str).collect();
+        scenarios::pytest("2.63.0", &files, &[], &env, &[]);
+    });
+    stop_clean(gw, tmp.path()).await;
+}
+
 /// A tar archive of `members` (name, bytes), built by hand so that it may be hostile.
 fn tar_of(members: &[(&str, u8, &[u8])]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -512,67 +539,72 @@ async fn builds_end_clearly_when_cancelled_out_of_room_or_interrupted() {
     stop_clean(gw, tmp.path()).await;
 }
 
-/// A gVisor node cannot build (its sandboxes keep their writes in memory), but it starts
-/// templates built elsewhere in the templates directory it shares: their layers are applied
-/// over a copy of the parent's root, deletions included.
+/// A gVisor node builds too: each step's sandbox writes through to a host overlay of
+/// id-mapped views of the layers, on a disk of its own, and what it wrote becomes a layer in
+/// the same form the built-in runtime makes. The template then starts on either runtime, with
+/// its files' owners, its deletions (whiteouts and opaque directories) and nothing of the
+/// parent changed; a step that fills its disk fails with the reason; nothing stays mounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn templates_built_on_one_runtime_start_on_gvisor() {
+async fn templates_build_on_gvisor_and_start_on_either_runtime() {
     let (tmp, _) = workspace();
-    let mut gw = gateway(tmp.path(), &[]).await;
+    let gv = gateway(
+        tmp.path(),
+        &["--runtime", "gvisor", "--sandbox-disk-mib", "256"],
+    )
+    .await;
     let steps = json!([
         {"type": "RUN", "args": ["echo layered > /home/user/made && rm /home/user/.bashrc"]},
-        {"type": "RUN", "args": ["echo again >> /home/user/made", "root"]},
+        {"type": "RUN", "args": [
+            "echo again >> /home/user/made && rm -rf /usr/share/doc && mkdir -p /usr/share/doc \
+             && echo fresh > /usr/share/doc/only && mkdir /opt/tool && echo hi > /opt/tool/x \
+             && chown 4242:4343 /opt/tool/x", "root"]},
     ]);
-    build(&gw, "for-gvisor", steps).await;
-    gw.proc.terminate();
-    let templates = tmp.path().join("templates").display().to_string();
-    let gv = Gateway::start_named(
-        tmp.path(),
-        "gv",
-        &[
-            "--templates-dir",
-            &templates,
-            "--runtime",
-            "gvisor",
-            "--pool",
-            "base=1",
-        ],
-    );
-    gv.wait_warm(1, "base on gvisor").await;
-    let made = created(&gv, "for-gvisor").await;
-    let (code, out) = gv
+    build(&gv, "on-gvisor", steps).await;
+    let check = "cat /home/user/made; [ -e /home/user/.bashrc ] && echo present || echo absent; \
+                 echo /usr/share/doc/*; find /home/user/made /opt/tool/x -printf '%u:%g %p\\n'";
+    let want = "layered\nagain\nabsent\n/usr/share/doc/only\nuser:user /home/user/made\n4242:4343 /opt/tool/x\n";
+    let made = created(&gv, "on-gvisor").await;
+    let (code, out) = gv.run(&made.body, check).await.unwrap();
+    assert_eq!((code, out.as_str()), (0, want), "on gVisor");
+    // The mount points runsc made for the agent are not part of any layer.
+    for layer in std::fs::read_dir(tmp.path().join("templates/.layers")).unwrap() {
+        let own = layer.unwrap().path().join(".sandbox-gateway");
+        assert!(!own.exists(), "{} was committed", own.display());
+    }
+    // The parent is as it was.
+    let base = created(&gv, "base").await;
+    let (_, out) = gv
         .run(
-            &made.body,
-            "cat /home/user/made; [ -e /home/user/.bashrc ] && echo present || echo absent",
+            &base.body,
+            "find /usr/share/doc -mindepth 1 -maxdepth 1 | wc -l; [ -e /opt/tool ] || echo no-tool",
         )
         .await
         .unwrap();
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(
-        out, "layered\nagain\nabsent\n",
-        "the layer's deletion holds too"
-    );
-    // Building here is refused with the reason, at the base step.
-    let refused = gv
-        .call(
-            reqwest::Method::POST,
-            "/v3/templates",
-            Some(KEY_A),
-            Some(json!({"name": "on-gvisor"})),
-        )
-        .await;
-    assert_eq!(
-        refused.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{:?}",
-        refused.body
-    );
-    assert!(
-        refused.body["message"].as_str().unwrap().contains("build"),
-        "{:?}",
-        refused.body
-    );
+    let docs: u32 = out.lines().next().unwrap_or("").trim().parse().unwrap_or(0);
+    assert!(docs > 1 && out.contains("no-tool"), "{out}");
+
+    // A step that fills the build's disk fails with the reason.
+    let fill =
+        json!([{"type": "RUN", "args": ["dd if=/dev/zero of=/home/user/fill bs=1M count=400"]}]);
+    let (tid, bid) = start_build(&gv, "fills", fill).await;
+    let s = ended(&gv, &tid, &bid).await;
+    assert_eq!(s["status"], "error", "{s}");
+    let why = s["reason"]["message"].as_str().unwrap();
+    assert!(why.contains("disk is full"), "{why}");
     stop_clean(gv, tmp.path()).await;
+
+    // The layers start on the built-in runtime as they are.
+    let templates = tmp.path().join("templates").display().to_string();
+    let gw = Gateway::start_named(
+        tmp.path(),
+        "builtin",
+        &["--templates-dir", &templates, "--pool", "base=1"],
+    );
+    gw.wait_warm(1, "base on the built-in runtime").await;
+    let made = created(&gw, "on-gvisor").await;
+    let (code, out) = gw.run(&made.body, check).await.unwrap();
+    assert_eq!((code, out.as_str()), (0, want), "on the built-in runtime");
+    stop_clean(gw, tmp.path()).await;
 }
 
 /// `from_image`, `from_debian_image` and `from_dockerfile` through the Python SDK
@@ -738,8 +770,21 @@ async fn built_templates_keep_warm_pools_that_follow_their_default_tag() {
 /// template's, links kept as links.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_build_step_stays_in_its_sandbox() {
+    hostile_build_step(&[]).await;
+}
+
+/// On gVisor the step's root is a host overlay the node mounted: the same attempts, the same
+/// outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_build_step_stays_in_its_gvisor_sandbox() {
+    hostile_build_step(&["--runtime", "gvisor"]).await;
+}
+
+/// A build step that tries to reach the host (its files, its processes' roots, mounts, the
+/// node's and the gateway's ports) and leaves links to host paths in its layer.
+async fn hostile_build_step(extra: &[&str]) {
     let (tmp, _) = workspace();
-    let gw = gateway(tmp.path(), &[]).await;
+    let gw = gateway(tmp.path(), extra).await;
     let nonce = format!("{}-{}", std::process::id(), rand_suffix());
     let canary = tmp.path().join(format!("canary-{nonce}"));
     std::fs::write(&canary, "host secret").unwrap();

@@ -67,34 +67,40 @@ fn pick_runtime(
                 runsc.version,
                 runsc.path.display()
             );
-            Ok(AnyRuntime::Gvisor(GvisorRuntime::new(GvisorConfig {
-                agent,
-                state_root: paths.sandboxes.clone(),
-                templates: paths.templates.clone(),
-                ids: node.ids,
-                tag,
-                boot_timeout: node.boot_timeout,
-                runsc,
-                node_lock: paths.lock.clone(),
-                slirp4netns: builtin::find_slirp4netns(),
-                blocked: builtin::blocked_ranges(&node.sandbox_reachable)?,
-            })?))
+            Ok(AnyRuntime::Gvisor(Box::new(GvisorRuntime::new(
+                GvisorConfig {
+                    agent,
+                    state_root: paths.sandboxes.clone(),
+                    templates: paths.templates.clone(),
+                    ids: node.ids,
+                    tag,
+                    boot_timeout: node.boot_timeout,
+                    runsc,
+                    node_lock: paths.lock.clone(),
+                    slirp4netns: builtin::find_slirp4netns(),
+                    blocked: builtin::blocked_ranges(&node.sandbox_reachable)?,
+                    disks: paths.disks.clone(),
+                    disk_bytes: node.disk_bytes,
+                },
+            )?)))
         }
         (kind, _) => {
             if kind == RuntimeKind::Auto {
                 println!("runtime: runsc is not installed; using the builtin runtime");
             }
-            Ok(AnyRuntime::Builtin(BuiltinRuntime::new(BuiltinConfig {
-                agent,
-                state_root: paths.sandboxes.clone(),
-                disks: paths.disks.clone(),
-                tag,
-                ids: node.ids,
-                boot_timeout: node.boot_timeout,
-                disk_bytes: node.disk_bytes,
-                node_lock: paths.lock.clone(),
-                reachable: node.sandbox_reachable.clone(),
-            })?))
+            Ok(AnyRuntime::Builtin(Box::new(BuiltinRuntime::new(
+                BuiltinConfig {
+                    agent,
+                    state_root: paths.sandboxes.clone(),
+                    disks: paths.disks.clone(),
+                    tag,
+                    ids: node.ids,
+                    boot_timeout: node.boot_timeout,
+                    disk_bytes: node.disk_bytes,
+                    node_lock: paths.lock.clone(),
+                    reachable: node.sandbox_reachable.clone(),
+                },
+            )?)))
         }
     }
 }

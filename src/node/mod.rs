@@ -545,6 +545,18 @@ impl<R: Runtime> Node<R> {
         seed: Option<&std::path::Path>,
         egress: Option<&model::network::Egress>,
     ) -> Result<Instance<R::Handle>> {
+        self.boot_as(key, template, seed, egress, false).await
+    }
+
+    /// `boot`, for a build step when `build` (see `runtime::BootSpec::build`).
+    async fn boot_as(
+        &self,
+        key: &PoolKey,
+        template: &Template,
+        seed: Option<&std::path::Path>,
+        egress: Option<&model::network::Egress>,
+        build: bool,
+    ) -> Result<Instance<R::Handle>> {
         let id = ids::new_instance_id();
         let dir = self.inner.paths.sandboxes.join(&id);
         let inst = self
@@ -557,6 +569,7 @@ impl<R: Runtime> Node<R> {
                 seed,
                 dir: &dir,
                 egress,
+                build,
             })
             .await?;
         let services = &template.meta.services;

@@ -9,6 +9,8 @@
 //! when the node changes the generation file beside it, which it does just before it restores
 //! the checkpoint (in this sandbox or in a copy of it).
 //!
+//! `SYNC` flushes the sandbox's file data to the root it writes through (a build's).
+//!
 //! This gVisor build also cannot save a TCP socket that an epoll instance watches, and a failed
 //! checkpoint ends the sandbox. So envd listens on a Unix socket here (the door's port 49983
 //! leads to it), and `SAVEABLE` lets the node ask first whether any other process holds such a
@@ -162,6 +164,13 @@ fn serve(listener: &UnixListener, open: &Open) {
             }
             ("PING", _) => {
                 let _ = conn.write_all(b"PONG\n");
+            }
+            // Before a build's writes are committed: gVisor keeps file data in its own page
+            // cache, and a root it writes through gets that data only when flushed.
+            ("SYNC", _) => {
+                // SAFETY: sync takes no arguments and cannot fail.
+                unsafe { libc::sync() };
+                let _ = conn.write_all(b"OK\n");
             }
             ("SAVEABLE", _) => {
                 let answer = match unsaveable() {

@@ -259,7 +259,7 @@ fn push_children(stack: &mut Vec<Step>, dir: &Path, rel: &Path, meta: Metadata) 
 
 /// Removes whatever is at `path` (a directory with its contents; a symlink, not its target).
 /// Missing is not an error.
-fn remove_tree(path: &Path) -> io::Result<()> {
+pub fn remove_tree(path: &Path) -> io::Result<()> {
     let mut stack = vec![(path.to_path_buf(), false)];
     while let Some((p, emptied)) = stack.pop() {
         if emptied {

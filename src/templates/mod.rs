@@ -15,7 +15,7 @@ pub mod layers;
 pub mod oci;
 pub mod recipes;
 pub mod registry;
-mod shift;
+pub mod shift;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -167,7 +167,7 @@ impl<R: Runtime> Node<R> {
         let base = |m: String| fail("base", m);
         if !self.inner.runtime.commits() {
             return Err(base(
-                "this node's runtime cannot build templates; build on a node with the built-in runtime".into(),
+                "this node cannot build templates (its startup log says why); build on another node".into(),
             ));
         }
         let (parent, root, ctx, mut chain, from) = match (&spec.from_template, &spec.from_image) {
@@ -316,7 +316,7 @@ impl<R: Runtime> Node<R> {
         quiet.meta.services.clear();
         quiet.meta.start_cmd = None;
         quiet.meta.ready_cmd = None;
-        match self.boot(key, &quiet, None, None).await {
+        match self.boot_as(key, &quiet, None, None, true).await {
             Ok(inst) => Ok(Slot {
                 node: self.clone(),
                 inst: Some(inst),

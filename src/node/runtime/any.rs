@@ -10,9 +10,10 @@ use super::gvisor::{GvisorHandle, GvisorRuntime};
 use super::{BootSpec, Conn, Instance, Runtime, Usage};
 use crate::model::{Error, Result};
 
+/// Boxed runtimes: one lives per node, and the two differ much in size.
 pub enum AnyRuntime {
-    Builtin(BuiltinRuntime),
-    Gvisor(GvisorRuntime),
+    Builtin(Box<BuiltinRuntime>),
+    Gvisor(Box<GvisorRuntime>),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

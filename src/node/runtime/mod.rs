@@ -63,6 +63,9 @@ pub struct BootSpec<'a> {
     /// Egress rules in force before any of the instance's processes run (a restored
     /// instance's resume at once); None for a pool's instances, which get theirs at claim.
     pub egress: Option<&'a Egress>,
+    /// A build step's instance: what it writes is committed as a layer (see `commit`), so a
+    /// runtime that keeps writes elsewhere puts them where `commit` reads them.
+    pub build: bool,
 }
 
 /// Resource use of an instance at one moment.

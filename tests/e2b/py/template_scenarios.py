@@ -43,6 +43,12 @@ def run(sbx: Sandbox, cmd: str, user: str | None = None) -> str:
     return sbx.commands.run(cmd, user=user).stdout.strip()
 
 
+def attrs(fmt: str, path: str) -> str:
+    """A command printing attributes of `path` (find's -printf: the runsc build Debian ships
+    fails coreutils' statx with EINVAL, and the scenarios run on gVisor too)."""
+    return f"find {path} -maxdepth 0 -printf '{fmt}'"
+
+
 @pytest.fixture(scope="module")
 def context(tmp_path_factory):
     d = tmp_path_factory.mktemp("context")
@@ -93,27 +99,27 @@ def test_a_build_with_every_instruction_makes_the_sandboxes_it_describes(context
         assert run(sbx, "cat /home/user/app/hello.txt") == "hello from the context"
         assert run(sbx, "cat /home/user/app/sub/deep.txt") == "deep"
         assert run(sbx, "readlink /home/user/app/link") == "hello.txt"
-        assert run(sbx, "stat -c %U:%G /home/user/app/hello.txt") == "user:user"
-        assert run(sbx, "stat -c %U:%a /opt/bin/tool") == "root:755"
+        assert run(sbx, attrs("%u:%g", "/home/user/app/hello.txt")) == "user:user"
+        assert run(sbx, attrs("%u:%m", "/opt/bin/tool")) == "root:755"
         assert run(sbx, "/opt/bin/tool") == "tool ran"
-        assert run(sbx, "ls /srv/notes") == "a.md\nb.md"
+        assert run(sbx, "find /srv/notes -mindepth 1 -printf '%f\\n' | sort") == "a.md\nb.md"
         assert run(sbx, "cat /home/user/built-as") == "user"
         assert run(sbx, "cat /made-by-root") == "0"
         assert run(sbx, "cat /home/user/greeting") == "hello"
-        assert run(sbx, "stat -c %a /home/user/data/deep") == "700"
+        assert run(sbx, attrs("%m", "/home/user/data/deep")) == "700"
         assert run(sbx, "readlink /home/user/hello-link") == "/home/user/app/hello.txt"
-        assert run(sbx, "ls /home/user/old 2>&1 || echo missing").endswith("missing")
+        assert run(sbx, "[ -e /home/user/old ] || echo missing") == "missing"
         assert run(sbx, "cat /home/user/moved") == "kept"
         assert run(sbx, "cat /whoami-after-set-user") == "root"
         # The final context: user, working directory and (a gateway extension) environment.
         assert run(sbx, "whoami") == "user"
         assert run(sbx, "pwd") == "/home/user/work"
-        assert run(sbx, "stat -c %U /home/user/work") == "user"
+        assert run(sbx, attrs("%u", "/home/user/work")) == "user"
         assert run(sbx, "echo $GREETING") == "hello"
         assert run(sbx, 'echo "$EXPANDED|$LITERAL"') == "/root/x:unset|$(id -u) $HOME"
         # Finalize's configuration, as upstream.
         assert "TEMPLATE_ID=" + info.template_id in run(sbx, "cat /.e2b")
-        assert run(sbx, "stat -c %a /code") == "777"
+        assert run(sbx, attrs("%m", "/code")) == "777"
     finally:
         sbx.kill()
 
@@ -242,8 +248,7 @@ def test_a_template_built_on_a_built_template_stacks_on_it(context):
     )
     sbx = Sandbox.create(child.name, timeout=60)
     try:
-        assert run(sbx, "cat /home/user/c; ls /home/user/p 2>&1 || true").startswith("child")
-        assert "No such file" in run(sbx, "ls /home/user/p 2>&1 || true")
+        assert run(sbx, "cat /home/user/c; [ -e /home/user/p ] || echo gone") == "child\ngone"
     finally:
         sbx.kill()
 

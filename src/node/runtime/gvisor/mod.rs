@@ -6,6 +6,7 @@
 //! The node reaches the sandbox only through its door, a Unix socket in a directory it shares
 //! with it (see `crate::sandbox::gvisor_init`).
 
+pub mod buildroot;
 pub mod bundle;
 pub mod holder;
 pub mod runsc;
@@ -29,6 +30,7 @@ use crate::sandbox::gvisor_init::{DOOR, GENERATION};
 use crate::sandbox::netholder::HolderSpec;
 use crate::sandbox::spec::{IdMap, Net};
 use crate::templates::TemplateStore;
+use buildroot::{BuildRoots, RootMounts};
 use holder::Holder;
 use runsc::Runsc;
 
@@ -47,6 +49,10 @@ pub struct GvisorConfig {
     pub slirp4netns: Option<PathBuf>,
     /// What no sandbox may reach (see `crate::sandbox::net`).
     pub blocked: Vec<String>,
+    /// Where blank disk images are kept (a build instance's writes go to one).
+    pub disks: PathBuf,
+    /// Every build instance's disk size instead of its tier's.
+    pub disk_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -81,6 +87,14 @@ struct ImageMeta {
     init_token: String,
 }
 
+/// How `launch` starts a sandbox.
+enum Start<'a> {
+    /// From its bundle, with a build's root mounted for it when given.
+    Fresh(Option<&'a RootMounts>),
+    /// From a checkpoint image.
+    Restore(&'a Path),
+}
+
 const IMAGE_META: &str = "sandbox.json";
 const IMAGE_DIR: &str = "paused";
 
@@ -96,6 +110,8 @@ pub struct GvisorRuntime {
     /// Ends the runsc processes of every sandbox if the node dies; network holders watch its
     /// lifeline too.
     reaper: Reaper,
+    /// Build instances' roots, or why this node cannot have them.
+    builds: std::result::Result<std::sync::Arc<BuildRoots>, String>,
 }
 
 fn io_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
@@ -148,7 +164,14 @@ impl GvisorRuntime {
         let (libs, loader) = linked_libraries(&cfg.agent.program)?;
         let store = TemplateStore::new(&cfg.templates, cfg.ids)?;
         let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
+        let builds = BuildRoots::new(cfg.ids, &cfg.templates, cfg.disks.clone())
+            .map(std::sync::Arc::new)
+            .map_err(|e| e.to_string());
+        if let Err(why) = &builds {
+            tracing::warn!("template builds are off on this node: {why}");
+        }
         Ok(GvisorRuntime {
+            builds,
             reaper,
             cfg,
             cgroups,
@@ -229,17 +252,7 @@ impl GvisorRuntime {
     /// Asks the sandbox whether a checkpoint would succeed (see `gvisor_init::unsaveable`):
     /// None if so, else why not.
     async fn unsaveable(&self, dir: &Path) -> Result<Option<String>> {
-        let mut s = UnixStream::connect(Self::door(dir))
-            .await
-            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
-        s.write_all(b"SAVEABLE\n")
-            .await
-            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
-        let mut answer = String::new();
-        tokio::io::BufReader::new(s)
-            .read_line(&mut answer)
-            .await
-            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
+        let answer = Self::ask(dir, "SAVEABLE").await?;
         match answer.trim().split_once(' ').unwrap_or((answer.trim(), "")) {
             ("OK", _) => Ok(None),
             ("NO", why) => Ok(Some(why.to_string())),
@@ -248,6 +261,22 @@ impl GvisorRuntime {
                 answer.trim()
             ))),
         }
+    }
+
+    /// Sends `request` through the sandbox's door and answers its one-line reply.
+    async fn ask(dir: &Path, request: &str) -> Result<String> {
+        let mut s = UnixStream::connect(Self::door(dir))
+            .await
+            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
+        s.write_all(format!("{request}\n").as_bytes())
+            .await
+            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
+        let mut answer = String::new();
+        tokio::io::BufReader::new(s)
+            .read_line(&mut answer)
+            .await
+            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
+        Ok(answer)
     }
 
     /// Closes the sandbox's door and cuts its connections: gVisor cannot checkpoint a sandbox
@@ -293,13 +322,13 @@ impl GvisorRuntime {
         Ok(crate::fsx::tree_disk_usage(image).unwrap_or(0))
     }
 
-    /// Starts the sandbox of `dir`, fresh or from `image`, and waits for its door. With egress
-    /// it first gets a new network holder, which is returned with the container's name.
+    /// Starts the sandbox of `dir` as `start` says and waits for its door. With egress it
+    /// first gets a new network holder, which is returned with the container's name.
     async fn launch(
         &self,
         inst_id: &str,
         dir: &Path,
-        image: Option<&Path>,
+        start: Start<'_>,
         cg: &CgroupSet,
         egress: bool,
         rules: Option<&Egress>,
@@ -331,14 +360,19 @@ impl GvisorRuntime {
         };
         let container = format!("{inst_id}-{}", ids::random_hex(3));
         let bundle = dir.join("bundle");
-        match image {
-            Some(image) => {
+        match start {
+            Start::Restore(image) => {
                 self.cfg
                     .runsc
                     .restore(image, &bundle, &container, cg, egress)
                     .await?
             }
-            None => self.cfg.runsc.run(&bundle, &container, cg, egress).await?,
+            Start::Fresh(root) => {
+                self.cfg
+                    .runsc
+                    .run(&bundle, &container, cg, egress, root)
+                    .await?
+            }
         }
         if let Err(e) = self.wait_door(dir, self.cfg.boot_timeout).await {
             let _ = self.cfg.runsc.delete(&container).await;
@@ -354,7 +388,7 @@ impl GvisorRuntime {
             .launch(
                 &inst.id,
                 &inst.dir,
-                Some(image),
+                Start::Restore(image),
                 &inst.handle.cgroup,
                 inst.handle.egress,
                 rules.as_ref(),
@@ -368,9 +402,35 @@ impl GvisorRuntime {
         Ok(())
     }
 
+    /// A build instance's root (see `buildroot`), prepared off the async threads.
+    async fn build_root(&self, spec: &BootSpec<'_>) -> Result<(PathBuf, RootMounts)> {
+        let roots = self.build_roots()?;
+        let bytes = self.cfg.disk_bytes.unwrap_or(spec.key.tier().disk_bytes);
+        let (dir, template) = (spec.dir.to_path_buf(), spec.template.clone());
+        tokio::task::spawn_blocking(move || roots.prepare(&dir, &template, bytes))
+            .await
+            .map_err(|e| Error::internal(format!("preparing the build's root failed: {e}")))?
+            .map_err(io_err("preparing the build's root"))
+    }
+
+    fn build_roots(&self) -> Result<std::sync::Arc<BuildRoots>> {
+        self.builds
+            .clone()
+            .map_err(|why| Error::invalid(format!("this node cannot run template builds: {why}")))
+    }
+
+    /// Removes an instance's directory, after unmounting its build disk if it has one (a
+    /// removal through a mount would empty that disk and then fail).
+    fn remove_instance_dir(dir: &Path) {
+        if let Err(e) = BuildRoots::release(dir) {
+            tracing::error!(error = %e, "could not unmount a build disk");
+            return;
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     fn prepare(&self, spec: &BootSpec<'_>, root: &Path, init_token: &str) -> Result<CgroupSet> {
         let dir = spec.dir;
-        std::fs::create_dir(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         std::fs::create_dir(dir.join("run")).map_err(io_err("preparing the instance"))?;
         let egress = Net::parse(&spec.key.net)? == Net::Egress;
         if egress && self.cfg.slirp4netns.is_none() {
@@ -434,10 +494,14 @@ impl Runtime for GvisorRuntime {
 
     fn describe(&self) -> String {
         format!(
-            "gvisor: {} ({} platform); each sandbox runs on gVisor's own kernel (the Sentry) in a runsc container, cgroups {} for memory/CPU/pids; pause, snapshot and fork capture memory; egress through slirp4netns into gVisor's own network stack (open connections do not survive a pause)",
+            "gvisor: {} ({} platform); each sandbox runs on gVisor's own kernel (the Sentry) in a runsc container, cgroups {} for memory/CPU/pids; pause, snapshot and fork capture memory; template builds {}; egress through slirp4netns into gVisor's own network stack (open connections do not survive a pause)",
             self.cfg.runsc.version,
             self.cfg.runsc.platform,
-            self.cgroups.describe()
+            self.cgroups.describe(),
+            match &self.builds {
+                Ok(_) => "write through to id-mapped overlays".to_string(),
+                Err(why) => format!("are off ({why})"),
+            }
         )
     }
 
@@ -465,6 +529,46 @@ impl Runtime for GvisorRuntime {
         }
     }
 
+    async fn commit(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        dest: &Path,
+        skip: &'static [&'static str],
+    ) -> Result<Option<u64>> {
+        let roots = self.build_roots()?;
+        if BuildRoots::disk(&inst.dir).is_none() {
+            return Err(Error::invalid(format!(
+                "sandbox {} keeps its writes in its memory; only a build's can be committed",
+                inst.id
+            )));
+        }
+        // The Sentry's page cache reaches the disk, then the sandbox stops, so the tree holds
+        // still while it is read; the instance is destroyed next.
+        let synced = Self::ask(&inst.dir, "SYNC").await?;
+        if synced.trim() != "OK" {
+            return Err(Error::unavailable(format!(
+                "the sandbox did not flush its writes: {:?}",
+                synced.trim()
+            )));
+        }
+        let container = self
+            .live()
+            .get_mut(&inst.id)
+            .and_then(|l| l.container.take());
+        if let Some(c) = container {
+            self.cfg.runsc.delete(&c).await?;
+        }
+        let (dir, dest) = (inst.dir.clone(), dest.to_path_buf());
+        tokio::task::spawn_blocking(move || roots.commit(&dir, &dest, skip))
+            .await
+            .map_err(|e| Error::internal(format!("committing the sandbox's writes failed: {e}")))?
+            .map_err(io_err("committing the sandbox's writes"))
+    }
+
+    fn commits(&self) -> bool {
+        self.builds.is_ok()
+    }
+
     fn captures_memory(&self, net: &str) -> bool {
         // This runsc cannot save internet connections (not even closed ones it still tracks),
         // and a failed checkpoint ends the sandbox.
@@ -482,16 +586,31 @@ impl Runtime for GvisorRuntime {
             }
             None => ids::random_hex(24),
         };
-        // The first boot of a template copies it (a gigabyte or two for code-interpreter): off
-        // the async threads, which also serve the node's calls meanwhile.
-        let (store, template) = (self.store.clone(), spec.template.clone());
-        let root = tokio::task::spawn_blocking(move || store.plain_root(&template))
-            .await
-            .map_err(|e| Error::internal(format!("preparing the template failed: {e}")))??;
+        let (root, mounts) = if spec.build {
+            std::fs::create_dir(spec.dir)
+                .map_err(io_err(format!("creating {}", spec.dir.display())))?;
+            match self.build_root(&spec).await {
+                Ok((root, mounts)) => (root, Some(mounts)),
+                Err(e) => {
+                    Self::remove_instance_dir(spec.dir);
+                    return Err(e);
+                }
+            }
+        } else {
+            // The first boot of a template copies it (a gigabyte or two for code-interpreter):
+            // off the async threads, which also serve the node's calls meanwhile.
+            let (store, template) = (self.store.clone(), spec.template.clone());
+            let root = tokio::task::spawn_blocking(move || store.plain_root(&template))
+                .await
+                .map_err(|e| Error::internal(format!("preparing the template failed: {e}")))??;
+            std::fs::create_dir(spec.dir)
+                .map_err(io_err(format!("creating {}", spec.dir.display())))?;
+            (root, None)
+        };
         let cg = match self.prepare(&spec, &root, &init_token) {
             Ok(cg) => cg,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(spec.dir);
+                Self::remove_instance_dir(spec.dir);
                 return Err(e);
             }
         };
@@ -500,7 +619,10 @@ impl Runtime for GvisorRuntime {
             .launch(
                 spec.instance_id,
                 spec.dir,
-                spec.seed,
+                match spec.seed {
+                    Some(image) => Start::Restore(image),
+                    None => Start::Fresh(mounts.as_ref()),
+                },
                 &cg,
                 egress,
                 spec.egress,
@@ -533,7 +655,7 @@ impl Runtime for GvisorRuntime {
             }
             Err(e) => {
                 let _ = self.cgroups.destroy(&cg);
-                let _ = std::fs::remove_dir_all(spec.dir);
+                Self::remove_instance_dir(spec.dir);
                 Err(e)
             }
         }
@@ -550,6 +672,8 @@ impl Runtime for GvisorRuntime {
         tokio::task::spawn_blocking(move || {
             cgroups
                 .destroy(&cg)
+                .map_err(io_err(format!("destroying sandbox {}", dir.display())))?;
+            BuildRoots::release(&dir)
                 .map_err(io_err(format!("destroying sandbox {}", dir.display())))?;
             match std::fs::remove_dir_all(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -691,14 +815,15 @@ impl Runtime for GvisorRuntime {
 
     async fn usage(&self, inst: &Instance<GvisorHandle>) -> Result<Usage> {
         let m = Cgroups::measure(&inst.handle.cgroup);
+        let disk = BuildRoots::disk(&inst.dir).and_then(|d| super::disk::usage(&d).ok());
         Ok(Usage {
             cpu_ns: m.cpu_ns.unwrap_or(0),
             mem_bytes: m.memory_bytes.unwrap_or(0),
             processes: m.pids.unwrap_or(0),
             measured: m.memory_bytes.is_some(),
-            // The writable layer lives in the sandbox's memory.
-            disk_used: 0,
-            disk_total: 0,
+            // The writable layer lives in the sandbox's memory, except a build's.
+            disk_used: disk.map_or(0, |d| d.0),
+            disk_total: disk.map_or(0, |d| d.1),
             oom_kills: m.oom_kills.unwrap_or(0),
         })
     }
@@ -755,6 +880,9 @@ impl Runtime for GvisorRuntime {
             if let Err(e) = self.cgroups.destroy(&set) {
                 tracing::error!(error = %e, "could not remove orphaned cgroups");
             }
+        }
+        for m in buildroot::unmount_under(&self.cfg.state_root) {
+            tracing::warn!(mount = %m.display(), "unmounted a build disk left by an earlier run");
         }
     }
 }

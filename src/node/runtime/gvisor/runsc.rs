@@ -1,12 +1,14 @@
 //! The runsc command line, as the gVisor runtime uses it: one state root per node, every
 //! sandbox without a network (its door is a host Unix socket), its writes in an in-memory
-//! overlay, and cgroups left to the node (runsc starts inside the sandbox's cgroups).
+//! overlay (a build step's go through to the root it is given), and cgroups left to the node
+//! (runsc starts inside the sandbox's cgroups).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use super::super::cgroup::{CgroupSet, Cgroups};
+use super::buildroot::RootMounts;
 use crate::model::{Error, Result};
 
 #[derive(Debug, Clone)]
@@ -69,13 +71,20 @@ impl Runsc {
         }))
     }
 
-    fn global(&self) -> Vec<OsString> {
+    /// The flags every call takes; `own_root` is for a sandbox that writes through to the
+    /// root it is given (a build's, see `buildroot`) instead of into an overlay in its memory.
+    fn global(&self, own_root: bool) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec![
             "--root".into(),
             self.root.clone().into(),
             format!("--platform={}", self.platform).into(),
             "--host-uds=all".into(),
-            "--overlay2=root:memory".into(),
+            if own_root {
+                "--overlay2=none"
+            } else {
+                "--overlay2=root:memory"
+            }
+            .into(),
             "--ignore-cgroups".into(),
         ];
         if let Some(d) = &self.debug_log {
@@ -88,16 +97,18 @@ impl Runsc {
     /// Runs one runsc command. Its standard error goes to a file, not a pipe: the sandbox
     /// processes `run` and `restore` leave behind inherit it and would hold a pipe open.
     async fn call(&self, what: &str, args: &[OsString], cgroup: Option<&CgroupSet>) -> Result<()> {
-        self.call_with(what, args, cgroup, false).await
+        self.call_with(what, args, cgroup, false, None).await
     }
 
-    /// `call`, optionally working around runsc's root-namespace check (see `hide_proc_sys_net`).
+    /// `call`, optionally working around runsc's root-namespace check (see `hide_proc_sys_net`)
+    /// and with a build's root mounted for it (see `buildroot`).
     async fn call_with(
         &self,
         what: &str,
         args: &[OsString],
         cgroup: Option<&CgroupSet>,
         network: bool,
+        root: Option<&RootMounts>,
     ) -> Result<()> {
         let err_path = self.root.join(format!(
             "{what}-{}.stderr",
@@ -106,14 +117,27 @@ impl Runsc {
         let err_file = std::fs::File::create(&err_path)
             .map_err(|e| Error::io("creating the runsc error file", e))?;
         let mut cmd = tokio::process::Command::new(&self.path);
-        cmd.args(self.global())
+        cmd.args(self.global(root.is_some()))
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err_file);
-        if network {
-            // SAFETY: runs in the forked child before exec and makes only system calls.
-            unsafe { cmd.pre_exec(hide_proc_sys_net) };
+        if network || root.is_some() {
+            let root = root.cloned();
+            // SAFETY: runs in the forked child before exec and makes only system calls (the
+            // mounts' strings were made before the fork).
+            unsafe {
+                cmd.pre_exec(move || {
+                    own_mount_namespace()?;
+                    if network {
+                        hide_proc_sys_net()?;
+                    }
+                    match &root {
+                        Some(r) => r.apply(),
+                        None => Ok(()),
+                    }
+                })
+            };
         }
         let _held = match cgroup {
             Some(cg) => Cgroups::start_in(&mut cmd, cg, None)
@@ -149,6 +173,7 @@ impl Runsc {
         id: &str,
         cgroup: &CgroupSet,
         egress: bool,
+        root: Option<&RootMounts>,
     ) -> Result<()> {
         let args: Vec<OsString> = vec![
             network_flag(egress).into(),
@@ -158,7 +183,8 @@ impl Runsc {
             "--detach".into(),
             id.into(),
         ];
-        self.call_with("run", &args, Some(cgroup), egress).await
+        self.call_with("run", &args, Some(cgroup), egress, root)
+            .await
     }
 
     /// Starts a container from a checkpoint image, detached, inside `cgroup`.
@@ -180,7 +206,8 @@ impl Runsc {
             "--detach".into(),
             id.into(),
         ];
-        self.call_with("restore", &args, Some(cgroup), egress).await
+        self.call_with("restore", &args, Some(cgroup), egress, None)
+            .await
     }
 
     /// Writes the container's state (memory, processes, files) to `image`; the container stops.
@@ -242,12 +269,8 @@ fn network_flag(egress: bool) -> &'static str {
     }
 }
 
-/// runsc (this build) refuses to take over a namespace's interfaces when
-/// /proc/sys/net/core/rmem_default exists, which it takes to mean "the host's namespace"; newer
-/// kernels show that file in every namespace. The namespace it is given is a holder's, never
-/// the host's, so the check is answered by hiding /proc/sys/net in a mount namespace of runsc's
-/// own (the sandbox builds its network stack without it).
-fn hide_proc_sys_net() -> std::io::Result<()> {
+/// A mount namespace of runsc's own, whose mounts never reach the node's.
+fn own_mount_namespace() -> std::io::Result<()> {
     use nix::mount::{MsFlags, mount};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
     mount(
@@ -257,6 +280,16 @@ fn hide_proc_sys_net() -> std::io::Result<()> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )?;
+    Ok(())
+}
+
+/// runsc (this build) refuses to take over a namespace's interfaces when
+/// /proc/sys/net/core/rmem_default exists, which it takes to mean "the host's namespace"; newer
+/// kernels show that file in every namespace. The namespace it is given is a holder's, never
+/// the host's, so the check is answered by hiding /proc/sys/net in a mount namespace of runsc's
+/// own (the sandbox builds its network stack without it).
+fn hide_proc_sys_net() -> std::io::Result<()> {
+    use nix::mount::{MsFlags, mount};
     mount(
         Some("none"),
         "/proc/sys/net",
