@@ -30,6 +30,8 @@ pub struct TemplateBuildBench {
     /// Creates with no pool (no internet: a key no pool holds), the start command awaited.
     with_start: Summary,
     plain: Summary,
+    /// The same cold and cached builds on a gVisor node, when runsc is installed.
+    gvisor: Option<(Summary, Summary)>,
 }
 
 async fn call(
@@ -143,13 +145,14 @@ fn five_steps(nonce: &str) -> serde_json::Value {
     })
 }
 
-pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
-    let gw = Daemon::gateway_with(&["base/egress=1".to_string()], &[])?;
-    let http = reqwest::Client::new();
-    let url = gw.address.clone();
-    let data = archive(COPIED_MIB)?;
-    let runs = samples.clamp(3, 10);
-
+/// `runs` cold builds of the five steps, each followed by the same build again (cached):
+/// their times, and the last template's id.
+async fn cold_and_rebuilt(
+    http: &reqwest::Client,
+    url: &str,
+    data: &[u8],
+    runs: usize,
+) -> Res<(Vec<Duration>, Vec<Duration>, String)> {
     let (mut cold, mut rebuilt) = (Vec::new(), Vec::new());
     let mut last = String::new();
     for i in 0..runs {
@@ -157,12 +160,23 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
         let alias = format!("bench-{i}-{}", rand::random::<u32>());
         let spec = five_steps(&alias);
         let t = Instant::now();
-        last = build(&http, &url, &alias, &data, spec.clone()).await?;
+        last = build(http, url, &alias, data, spec.clone()).await?;
         cold.push(t.elapsed());
         let t = Instant::now();
-        build(&http, &url, &alias, &data, spec).await?;
+        build(http, url, &alias, data, spec).await?;
         rebuilt.push(t.elapsed());
     }
+    Ok((cold, rebuilt, last))
+}
+
+pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
+    let gw = Daemon::gateway_with(&["base/egress=1".to_string()], &[])?;
+    let http = reqwest::Client::new();
+    let url = gw.address.clone();
+    let data = archive(COPIED_MIB)?;
+    let runs = samples.clamp(3, 10);
+
+    let (cold, rebuilt, last) = cold_and_rebuilt(&http, &url, &data, runs).await?;
     eprintln!("  builds measured");
 
     // What the last template adds over base: its layers, from the listing.
@@ -222,6 +236,25 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
         e2b_kill(&http, &url, &sb.id).await?;
     }
     gw.stop();
+
+    let gvisor = match Daemon::gateway_with(
+        &["base/egress=1".to_string()],
+        &["--runtime".to_string(), "gvisor".to_string()],
+    ) {
+        Ok(gv) => {
+            // The node is up, and known to the gateway, once its pool has a sandbox.
+            crate::claims::wait_pool_warm(&http, &gv.address, "base/", 1, Duration::from_secs(120))
+                .await?;
+            let (cold, rebuilt, _) = cold_and_rebuilt(&http, &gv.address, &data, runs).await?;
+            gv.stop();
+            eprintln!("  builds on gVisor measured");
+            Some((summarize(cold), summarize(rebuilt)))
+        }
+        Err(e) => {
+            eprintln!("  no gVisor node ({e}); its builds are not measured");
+            None
+        }
+    };
     Ok(TemplateBuildBench {
         measured: chrono::Utc::now(),
         cold: summarize(cold),
@@ -231,6 +264,7 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
         pooled: summarize(pooled),
         with_start: summarize(with_start),
         plain: summarize(plain),
+        gvisor,
     })
 }
 
@@ -269,7 +303,9 @@ pub fn render(o: &mut String, b: &TemplateBuildBench) {
          (`python3 -m http.server 8000`, ready when `ss` sees the port): from its warm pool \
          (`--built-template-pool 1`, waited for before each create), and without internet \
          access (a key no pool holds, so it boots and the start command is awaited); against a \
-         template without one (no pool: it boots).\n"
+         template without one (no pool: it boots). The gVisor rows: the same builds on a second \
+         gateway whose node runs `--runtime gvisor` (each step a runsc sandbox over an \
+         id-mapped overlay with its own disk, see README).\n"
     );
     let _ = writeln!(
         o,
@@ -288,6 +324,14 @@ pub fn render(o: &mut String, b: &TemplateBuildBench) {
         &b.with_start,
     );
     summary_row(o, "create, template without one", &b.plain);
+    if let Some((cold, rebuilt)) = &b.gvisor {
+        summary_row(o, "5-step build from base, cold, on a gVisor node", cold);
+        summary_row(
+            o,
+            "the same build, unchanged (cached), on a gVisor node",
+            rebuilt,
+        );
+    }
     let _ = writeln!(
         o,
         "\nDisk: the built template adds {:.1} MiB over `base` ({:.1} MiB), for {} MiB its \

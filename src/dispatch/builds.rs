@@ -108,7 +108,7 @@ impl Dispatcher {
             .next()
             .ok_or_else(|| {
                 Error::unavailable(
-                    "no node that can build templates is up (gVisor nodes cannot build yet)",
+                    "no node that can build templates is up (a node that cannot says why when it starts)",
                 )
             })?;
         let timeout = self.inner.cfg.call_timeout;
