@@ -380,7 +380,7 @@ pub async fn alias(e2b: Data, tenant: Tenant, path: web::Path<String>) -> ApiRes
 
 /// The build routes of e2b's first build system (a Dockerfile pushed to e2b's registry by the
 /// v1 CLI, and the earliest 2.x SDKs): gone here, in favour of build system 2.0.
-pub async fn legacy(req: HttpRequest) -> ApiResult<HttpResponse> {
+async fn legacy(req: HttpRequest) -> ApiResult<HttpResponse> {
     Err(ApiError::new(
         StatusCode::GONE,
         format!(
@@ -389,6 +389,40 @@ pub async fn legacy(req: HttpRequest) -> ApiResult<HttpResponse> {
             req.path()
         ),
     ))
+}
+
+// The legacy routes, one documented operation each; all answer 410 to anyone (no key needed
+// to learn that a route is gone).
+
+#[utoipa::path(post, path = "/templates", tag = "templates", operation_id = "legacy_create_template",
+    description = "e2b's first build system (a Dockerfile pushed to e2b's registry): gone; build with Template.build.",
+    responses((status = 410, body = ErrorBody)))]
+pub async fn legacy_create_v1(req: HttpRequest) -> ApiResult<HttpResponse> {
+    legacy(req).await
+}
+
+#[utoipa::path(post, path = "/v2/templates", tag = "templates", operation_id = "legacy_create_template_v2",
+    description = "e2b's first build system, as the earliest 2.x SDKs call it: gone; build with Template.build.",
+    responses((status = 410, body = ErrorBody)))]
+pub async fn legacy_create_v2(req: HttpRequest) -> ApiResult<HttpResponse> {
+    legacy(req).await
+}
+
+#[utoipa::path(post, path = "/templates/{templateID}", tag = "templates", operation_id = "legacy_rebuild_template",
+    description = "A rebuild in e2b's first build system: gone; build with Template.build.",
+    params(("templateID" = String, Path)),
+    responses((status = 410, body = ErrorBody)))]
+pub async fn legacy_rebuild(req: HttpRequest) -> ApiResult<HttpResponse> {
+    legacy(req).await
+}
+
+#[utoipa::path(post, path = "/templates/{templateID}/builds/{buildID}", tag = "templates",
+    operation_id = "legacy_start_build",
+    description = "Starting a build of e2b's first build system: gone; build with Template.build.",
+    params(("templateID" = String, Path), ("buildID" = String, Path)),
+    responses((status = 410, body = ErrorBody)))]
+pub async fn legacy_start(req: HttpRequest) -> ApiResult<HttpResponse> {
+    legacy(req).await
 }
 
 /// A method the template routes do not take (TRACE, PUT on a template): the client's mistake.

@@ -134,12 +134,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         // Known to the SDKs, not served here.
         .route("/sandboxes/{id}/network", web::put().to(network::update))
         // The legacy build routes (a Docker push to e2b's registry, v1 CLIs and early SDKs).
-        .route("/templates", web::post().to(builds::legacy))
-        .route("/v2/templates", web::post().to(builds::legacy))
-        .route("/templates/{id}", web::post().to(builds::legacy))
+        .route("/templates", web::post().to(builds::legacy_create_v1))
+        .route("/v2/templates", web::post().to(builds::legacy_create_v2))
+        .route("/templates/{id}", web::post().to(builds::legacy_rebuild))
         .route(
             "/templates/{id}/builds/{build}",
-            web::post().to(builds::legacy),
+            web::post().to(builds::legacy_start),
         )
         // Every template route is above: what reaches here is a method they do not take.
         .route("/templates/{tail:.*}", web::to(builds::no_method))

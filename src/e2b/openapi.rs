@@ -169,7 +169,8 @@ impl Modify for Links {
         builds::request, builds::files, builds::upload, builds::start, builds::status,
         builds::alias, template_admin::assign_tags, template_admin::remove_tags,
         template_admin::tags, template_admin::get, template_admin::publish_v2,
-        template_admin::publish_v1,
+        template_admin::publish_v1, builds::legacy_create_v1, builds::legacy_create_v2,
+        builds::legacy_rebuild, builds::legacy_start,
     ),
     components(schemas(
         ErrorBody, wire::NewSandbox, wire::Sandbox, wire::SandboxDetail, wire::ListedSandbox,
