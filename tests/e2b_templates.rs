@@ -56,6 +56,52 @@ async fn templates_build_with_the_sdks() {
     stop_clean(gw, tmp.path()).await;
 }
 
+/// A gVisor node killed in the middle of a step leaves the step's disk mounted on the host (its
+/// sandbox ends with it, through the reaper); its next start unmounts it, reports the build as
+/// interrupted, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gvisor_node_killed_mid_build_cleans_up_when_it_starts_again() {
+    let (tmp, _) = workspace();
+    let mut gv = gateway(tmp.path(), &["--runtime", "gvisor"]).await;
+    let slow = json!([{"type": "RUN", "args": ["sleep 120"]}]);
+    let (tid, bid) = start_build(&gv, "cut-short", slow).await;
+    let disk_mounted = || {
+        kernel_leftovers(tmp.path())
+            .iter()
+            .any(|l| l.starts_with("mount ") && l.contains("/build/disk "))
+    };
+    eventually(
+        std::time::Duration::from_secs(60),
+        "the step's disk is mounted",
+        disk_mounted,
+    )
+    .await;
+    gv.proc.kill();
+    assert!(disk_mounted(), "nothing but the node unmounts it");
+    let templates = tmp.path().join("templates").display().to_string();
+    let args = [
+        "--templates-dir",
+        &templates,
+        "--runtime",
+        "gvisor",
+        "--pool",
+        "base=1",
+    ];
+    let gv = Gateway::start(tmp.path(), &args);
+    gv.wait_warm(1, "base after the restart").await;
+    assert!(!disk_mounted(), "{:?}", kernel_leftovers(tmp.path()));
+    let s = status(&gv, &tid, &bid).await;
+    assert_eq!(s["status"], "error", "{s}");
+    assert!(
+        s["reason"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("interrupted"),
+        "{s}"
+    );
+    stop_clean(gv, tmp.path()).await;
+}
+
 /// The Python SDK's central scenarios again with a gVisor node doing the builds: every
 /// instruction, start and ready commands, the cache, a template on a built template, and
 /// `apt_install` (the rest is the same gateway code whatever the runtime).
