@@ -26,8 +26,17 @@ async function main() {
     // A process that must survive the pause as itself.
     const h = await sbx.commands.run('sleep 600', { background: true })
     await waitState(sbx.sandboxId, 'paused', 20_000)
-    const listed = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
-    assert.ok(listed.some((s) => s.sandboxId === sbx.sandboxId), 'paused sandbox listed as paused')
+    // Lists come from the gateway's read view, which follows the nodes' change streams and
+    // waits up to a second for the state a live read saw; on a loaded machine it may trail a
+    // moment longer.
+    const listedPaused = async () =>
+      (await Sandbox.list({ query: { state: ['paused'] } }).nextItems()).some((s) => s.sandboxId === sbx.sandboxId)
+    let listed = await listedPaused()
+    for (let i = 0; !listed && i < 20; i++) {
+      await sleep(250)
+      listed = await listedPaused()
+    }
+    assert.ok(listed, 'paused sandbox listed as paused')
     // The data plane wakes it: the background process is the same one.
     const ps = await sbx.commands.run(`kill -0 ${h.pid} && echo alive`)
     assert.equal(ps.stdout.trim(), 'alive')
