@@ -269,7 +269,9 @@ fn network_flag(egress: bool) -> &'static str {
     }
 }
 
-/// A mount namespace of runsc's own, whose mounts never reach the node's.
+/// A mount namespace of runsc's own, whose mounts never reach the node's. Not
+/// `sandbox::mounts::make_private`: that one formats its error, and nothing may allocate
+/// between fork and exec.
 fn own_mount_namespace() -> std::io::Result<()> {
     use nix::mount::{MsFlags, mount};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
