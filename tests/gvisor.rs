@@ -494,7 +494,11 @@ async fn the_e2b_sdk_works_and_keeps_memory_on_gvisor() {
     ));
     let line = gw.wait_line("export E2B_SANDBOX_URL=", Duration::from_secs(60));
     let url = line.rsplit('=').next().unwrap().trim().to_string();
-    let env = vec![("E2B_API_URL", url.clone()), ("E2B_SANDBOX_URL", url)];
+    let env = vec![
+        ("E2B_API_URL", url.clone()),
+        ("E2B_SANDBOX_URL", url),
+        ("SANDBOX_RUNTIME", "gvisor".to_string()),
+    ];
     tokio::task::block_in_place(|| {
         scenarios::pytest(
             "2.63.0",

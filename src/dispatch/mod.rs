@@ -587,7 +587,34 @@ impl Dispatcher {
         ttl_seconds: u64,
         allow_shorter: bool,
     ) -> Result<(DateTime<Utc>, bool)> {
+        let req = proto::RenewRequest {
+            id: String::new(),
+            ttl_seconds,
+            allow_shorter,
+            expire_now: false,
+        };
+        self.set_lease(namespace, id, req).await
+    }
+
+    /// Ends the lease now: the node runs the sandbox's on-timeout action (kill or pause).
+    pub async fn expire(&self, namespace: Option<&str>, id: &str) -> Result<DateTime<Utc>> {
+        let req = proto::RenewRequest {
+            id: String::new(),
+            ttl_seconds: 0,
+            allow_shorter: true,
+            expire_now: true,
+        };
+        Ok(self.set_lease(namespace, id, req).await?.0)
+    }
+
+    async fn set_lease(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        mut req: proto::RenewRequest,
+    ) -> Result<(DateTime<Utc>, bool)> {
         let (node, record) = self.locate(namespace, id).await?;
+        req.id = record.id.clone();
         let mut c = node.conn().client();
         let reply = node
             .conn()
@@ -595,11 +622,7 @@ impl Dispatcher {
                 "renew",
                 Effect::Write,
                 self.inner.cfg.call_timeout,
-                c.renew(proto::RenewRequest {
-                    id: record.id.clone(),
-                    ttl_seconds,
-                    allow_shorter,
-                }),
+                c.renew(req),
             )
             .await?;
         let deadline = proto::from_ms(reply.deadline_ms);

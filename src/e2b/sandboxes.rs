@@ -376,6 +376,11 @@ pub async fn set_timeout(
         .0
         .timeout
         .ok_or_else(|| ApiError::bad_request("timeout is required"))?;
+    if t <= 0 {
+        // As e2b: the sandbox's time is up now, and its on-timeout action (kill or pause) runs.
+        e2b.dispatcher.expire(tenant.scope(), &id).await?;
+        return Ok(HttpResponse::NoContent().finish());
+    }
     let ttl = lifetime(&e2b, "timeout", t)?;
     e2b.dispatcher.renew(tenant.scope(), &id, ttl, true).await?;
     Ok(HttpResponse::NoContent().finish())

@@ -257,7 +257,7 @@ fn write_error(e: &std::io::Error) -> HttpError {
 
 /// Creates the missing parents of `path` (as the calling thread's identity) and opens it for
 /// writing, truncated.
-fn open_for_upload(path: &Path) -> Result<std::fs::File, HttpError> {
+fn open_for_upload(path: &Path, owner: Option<(u32, u32)>) -> Result<std::fs::File, HttpError> {
     if let Some(parent) = path.parent() {
         match std::fs::metadata(parent) {
             Ok(m) if m.is_dir() => {}
@@ -277,13 +277,20 @@ fn open_for_upload(path: &Path) -> Result<std::fs::File, HttpError> {
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(bad(format!("path is a directory: {}", path.display())));
     }
-    std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o666)
         .open(path)
-        .map_err(|e| write_error(&e))
+        .map_err(|e| write_error(&e))?;
+    // The file is the writer's already; e2b's envd gives it its owner after opening it all the
+    // same, and watchers see that as a CHMOD event between the CREATE and the WRITEs.
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+            .map_err(|e| HttpError::io("error changing file ownership", &e))?;
+    }
+    Ok(file)
 }
 
 /// Streams one file to disk as `id`, then stores its metadata.
@@ -305,7 +312,8 @@ where
     };
     let target = path.clone();
     let existed = std::fs::symlink_metadata(&path).is_ok();
-    let file = run_as(id.clone(), move || open_for_upload(&target)).await??;
+    let owner = Some((id.uid, id.gid));
+    let file = run_as(id.clone(), move || open_for_upload(&target, owner)).await??;
     let mut f = tokio::fs::File::from_std(file);
     let written = async {
         if let Some(chunk) = first {
@@ -482,7 +490,7 @@ pub async fn compose(State(envd): State<Arc<Envd>>, body: Bytes) -> Result<Respo
             out.display(),
             rand::random::<u64>()
         ));
-        let mut f = open_for_upload(&tmp)?;
+        let mut f = open_for_upload(&tmp, None)?;
         let copied = (|| -> Result<(), HttpError> {
             for (_, s) in &sources {
                 let mut src = std::fs::File::open(s)

@@ -221,6 +221,21 @@ impl<R: Runtime> Node<R> {
         allow_shorter: bool,
     ) -> Result<(DateTime<Utc>, bool)> {
         let wanted = self.inner.cfg.lease.deadline(Utc::now(), ttl_seconds);
+        self.set_deadline(id, wanted, allow_shorter)
+    }
+
+    /// Ends the sandbox's lease now (e2b's `timeout: 0`): the reaper runs its on-timeout
+    /// action (kill or pause) at once.
+    pub fn expire(&self, id: &str) -> Result<(DateTime<Utc>, bool)> {
+        self.set_deadline(id, Utc::now(), true)
+    }
+
+    fn set_deadline(
+        &self,
+        id: &str,
+        wanted: DateTime<Utc>,
+        allow_shorter: bool,
+    ) -> Result<(DateTime<Utc>, bool)> {
         let mut st = self.state();
         let Some(c) = st.claims.get_mut(id) else {
             return Err(self.not_found(&st, id));

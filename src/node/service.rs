@@ -136,7 +136,11 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
 
     async fn renew(&self, req: Request<proto::RenewRequest>) -> Reply<proto::RenewReply> {
         let r = req.into_inner();
-        let (deadline, changed) = self.node.renew(&r.id, r.ttl_seconds, r.allow_shorter)?;
+        let (deadline, changed) = if r.expire_now {
+            self.node.expire(&r.id)?
+        } else {
+            self.node.renew(&r.id, r.ttl_seconds, r.allow_shorter)?
+        };
         Ok(Response::new(proto::RenewReply {
             deadline_ms: proto::to_ms(deadline),
             changed,

@@ -148,6 +148,29 @@ def test_timeout_pause_without_auto_resume_waits_for_connect():
         sbx.kill()
 
 
+def test_a_timeout_of_zero_ends_the_sandbox_now_with_its_on_timeout_action():
+    # As upstream's test_keep_memory_none_defaults_to_full_memory: set_timeout(0) pauses a
+    # sandbox that asked to be paused, with its memory (the boot id stays the same).
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
+    boot = sbx.commands.run("cat /proc/sys/kernel/random/boot_id").stdout
+    pid, n1 = start_counter(sbx)
+    sbx.set_timeout(0)
+    wait_state(sbx.sandbox_id, "paused", 15)
+    assert not sbx.is_running()
+    again = Sandbox.connect(sbx.sandbox_id, timeout=30)
+    try:
+        assert again.commands.run("cat /proc/sys/kernel/random/boot_id").stdout == boot
+        time.sleep(0.3)
+        pid2, n2 = counter(again)
+        assert pid2 == pid and n2 > n1, (pid, n1, pid2, n2)
+    finally:
+        again.kill()
+    # One that asked to be killed is gone.
+    doomed = Sandbox.create(timeout=60)
+    Sandbox.set_timeout(doomed.sandbox_id, 0)
+    wait_gone(doomed.sandbox_id, 15, "set_timeout(0) left the sandbox running")
+
+
 def test_a_paused_sandbox_is_released_when_its_retention_ends():
     sbx = Sandbox.create(timeout=60)
     sbx.pause()

@@ -101,6 +101,15 @@ def test_other_tenants_sandboxes_are_out_of_reach(sbx):
     assert r.status_code == 502 and "The sandbox was not found" in r.json()["message"]
 
 
+def test_base_has_python_pip_and_sudo_as_e2bs(sbx):
+    got = sbx.commands.run("python --version; pip --version; command -v sudo").stdout
+    assert got.startswith("Python 3."), got
+    assert "pip " in got and got.rstrip().endswith("/sudo"), got
+    # gVisor runs every process with no_new_privs, so setuid sudo cannot work there (README).
+    if os.environ.get("SANDBOX_RUNTIME") != "gvisor":
+        assert sbx.commands.run("sudo -n whoami", user="user").stdout == "root\n"
+
+
 def test_a_paused_sandbox_is_not_running_until_connected():
     s = Sandbox.create(timeout=300)
     try:

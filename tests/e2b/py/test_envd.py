@@ -32,6 +32,7 @@ from e2b import (
     FileType,
     NotFoundException,
     Sandbox,
+    SandboxException,
 )
 from e2b.connection_config import ConnectionConfig
 from e2b.sandbox.commands.command_handle import PtySize
@@ -231,6 +232,23 @@ def test_kill_while_running_ends_the_stream(sbx):
     assert left == ""
 
 
+def test_a_command_waited_on_when_its_sandbox_is_killed_says_so():
+    if DEBUG:
+        pytest.skip("the sandbox is killed through the gateway")
+    own = _create_on(TARGET_NODE)
+    h = own.commands.run("echo started; sleep 60", background=True)
+    time.sleep(0.3)
+    threading.Timer(0.5, own.kill).start()
+    t0 = time.time()
+    with pytest.raises(SandboxException) as e:
+        h.wait()
+    # The SDK asks envd's /health why the stream ended; a 502 naming the sandbox gone makes
+    # it the SDK's "not running" error, promptly, rather than a transport error.
+    assert time.time() - t0 < 10
+    assert "killed or reached its" in str(e.value), repr(e.value)
+    assert not own.is_running()
+
+
 # --- files ------------------------------------------------------------------------------
 
 
@@ -329,6 +347,13 @@ def test_watch_dir_polling(sbx, work):
             what="the recursive event",
         )
         kinds = {(e.name, e.type) for e in events}
+        # An upload of a new file reads as e2b's envd writes it: created, given its owner,
+        # written.
+        assert [e.type for e in events if e.name == "w.txt"] == [
+            FilesystemEventType.CREATE,
+            FilesystemEventType.CHMOD,
+            FilesystemEventType.WRITE,
+        ], events
         assert ("w.txt", FilesystemEventType.CREATE) in kinds
         assert ("wsub", FilesystemEventType.CREATE) in kinds
         assert ("w.txt", FilesystemEventType.WRITE) in kinds
