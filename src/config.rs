@@ -231,6 +231,14 @@ pub struct ServeArgs {
     /// Secret that signs envd access tokens; replicas must share it [default: DATA_DIR/envd-secret].
     #[arg(long)]
     pub envd_secret_file: Option<PathBuf>,
+    /// Where tenants' secrets are kept, sealed; replicas and nodes must share it
+    /// [default: DATA_DIR/secrets].
+    #[arg(long)]
+    pub secrets_dir: Option<PathBuf>,
+    /// The 256-bit key (64 hex digits) that seals secrets; made when missing. Replicas and
+    /// nodes must share it [default: DATA_DIR/secrets-key].
+    #[arg(long)]
+    pub secrets_key_file: Option<PathBuf>,
     /// How long a claim may take on a node before its outcome counts as unknown (a create
     /// then answers 504 with `Should-Retry: false`).
     #[arg(long, default_value_t = 30.0)]

@@ -16,4 +16,5 @@ pub mod model;
 pub mod node;
 pub mod proto;
 pub mod sandbox;
+pub mod secrets;
 pub mod templates;

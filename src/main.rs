@@ -276,6 +276,8 @@ fn main() -> ExitCode {
                             _ => s.e2b_tls.then_some(gateway::E2bTls::Generated),
                         },
                         envd_secret_file: s.envd_secret_file,
+                        secrets_dir: s.secrets_dir,
+                        secrets_key_file: s.secrets_key_file,
                         dispatcher: DispatcherConfig {
                             claim_timeout,
                             ..Default::default()

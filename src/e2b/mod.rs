@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod proxy;
 mod render;
 pub mod sandboxes;
+pub mod secrets;
 pub mod snapshots;
 pub mod template_admin;
 pub mod template_names;
@@ -41,6 +42,8 @@ pub struct E2b {
     pub proxy: proxy::Proxy,
     /// Largest upload of a template build's files.
     pub upload_max_bytes: u64,
+    /// Tenants' secrets (the Secrets API writes them; egress proxies fill them in).
+    pub secrets: std::sync::Arc<crate::secrets::SecretStore>,
 }
 
 async fn health() -> HttpResponse {
@@ -144,6 +147,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         // Every template route is above: what reaches here is a method they do not take.
         .route("/templates/{tail:.*}", web::to(builds::no_method))
         .route("/volumes{tail:.*}", web::to(s::not_supported))
-        .route("/secrets{tail:.*}", web::to(s::not_supported))
+        .route("/secrets", web::get().to(secrets::list))
+        .route("/secrets", web::post().to(secrets::create))
+        .route("/secrets/{secret}", web::get().to(secrets::get))
+        .route("/secrets/{secret}", web::post().to(secrets::update))
+        .route("/secrets/{secret}", web::delete().to(secrets::delete))
+        .route("/secrets{tail:.*}", web::to(secrets::other))
         .default_service(web::to(no_route));
 }

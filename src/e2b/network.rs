@@ -50,16 +50,6 @@ pub fn policy(
             "per-domain request transforms need a name-aware egress proxy",
         );
     }
-    if cfg
-        .mask_request_host
-        .as_ref()
-        .is_some_and(|h| !h.is_empty())
-    {
-        return refuse(
-            "maskRequestHost",
-            "requests keep the host they were sent to",
-        );
-    }
     if cfg.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
         return refuse(
             "httpsPorts",
@@ -87,6 +77,7 @@ pub fn policy(
         deny_out: cfg.deny_out.clone().unwrap_or_default(),
         allow_internet_access: allow_internet_access.or(cfg.allow_internet_access),
         allow_public_traffic: cfg.allow_public_traffic.unwrap_or(true),
+        mask_request_host: cfg.mask_request_host.clone().filter(|m| !m.is_empty()),
     };
     policy.validate().map_err(ApiError::from)?;
     Ok(policy)
@@ -102,13 +93,18 @@ pub fn internet_access(record: &SandboxRecord) -> bool {
 /// The `network` object of `GET /sandboxes/{id}`; omitted when nothing was asked for.
 pub fn info(record: &SandboxRecord) -> Option<wire::NetworkInfo> {
     let n = &record.network;
-    if n.allow_out.is_empty() && n.deny_out.is_empty() && n.allow_public_traffic {
+    if n.allow_out.is_empty()
+        && n.deny_out.is_empty()
+        && n.allow_public_traffic
+        && n.mask_request_host.is_none()
+    {
         return None;
     }
     Some(wire::NetworkInfo {
         allow_out: n.allow_out.clone(),
         deny_out: n.deny_out.clone(),
         allow_public_traffic: n.allow_public_traffic,
+        mask_request_host: n.mask_request_host.clone(),
     })
 }
 
@@ -124,9 +120,9 @@ pub async fn update(
     id: web::Path<String>,
     body: Body<wire::NetworkConfig>,
 ) -> ApiResult<HttpResponse> {
-    if body.0.allow_public_traffic.is_some() {
+    if body.0.allow_public_traffic.is_some() || body.0.mask_request_host.is_some() {
         return Err(ApiError::bad_request(
-            "allowPublicTraffic is set when the sandbox is created; an update replaces only its egress rules",
+            "allowPublicTraffic and maskRequestHost are set when the sandbox is created; an update replaces only its egress rules",
         ));
     }
     let policy = policy(Some(&body.0), None)?;
@@ -184,7 +180,7 @@ mod tests {
             ),
             (serde_json::json!({"rules": {"a.com": []}}), "rules"),
             (
-                serde_json::json!({"maskRequestHost": "${PORT}-x.example.com"}),
+                serde_json::json!({"maskRequestHost": "x.example.com:port"}),
                 "maskRequestHost",
             ),
             (serde_json::json!({"httpsPorts": [3000]}), "httpsPorts"),

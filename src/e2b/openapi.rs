@@ -8,7 +8,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
 use super::{
-    builds, logs, metrics, network, sandboxes, snapshots, template_admin, templates, wire,
+    builds, logs, metrics, network, sandboxes, secrets, snapshots, template_admin, templates, wire,
     wire_templates,
 };
 
@@ -23,6 +23,55 @@ impl Modify for ApiKeyAuth {
                 super::auth::API_KEY_HEADER,
             ))),
         );
+    }
+}
+
+/// Every operation that takes an API key can answer 401 (a missing, unknown or revoked key), and
+/// every one that takes input can answer 400; declared once here rather than on each handler.
+struct Unauthorized;
+
+impl Modify for Unauthorized {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let error = |why: &str| {
+            utoipa::openapi::ResponseBuilder::new()
+                .description(why)
+                .content(
+                    "application/json",
+                    utoipa::openapi::ContentBuilder::new()
+                        .schema(Some(utoipa::openapi::Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build()
+        };
+        let unauthorized = error("the API key is missing or not known");
+        let bad_request = error("the request's input is not valid");
+        for item in doc.paths.paths.values_mut() {
+            let operations = [
+                item.get.as_mut(),
+                item.post.as_mut(),
+                item.put.as_mut(),
+                item.patch.as_mut(),
+                item.delete.as_mut(),
+            ];
+            for op in operations.into_iter().flatten() {
+                if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
+                    op.responses
+                        .responses
+                        .entry("401".to_string())
+                        .or_insert_with(|| RefOr::T(unauthorized.clone()));
+                }
+                // Whatever takes input can be given input it refuses (a malformed body, a
+                // query value out of range, an id that is not one).
+                let takes_input = op.request_body.is_some()
+                    || op.parameters.as_ref().is_some_and(|p| !p.is_empty());
+                if takes_input {
+                    op.responses
+                        .responses
+                        .entry("400".to_string())
+                        .or_insert_with(|| RefOr::T(bad_request.clone()));
+                }
+            }
+        }
     }
 }
 
@@ -170,7 +219,8 @@ impl Modify for Links {
         builds::alias, template_admin::assign_tags, template_admin::remove_tags,
         template_admin::tags, template_admin::get, template_admin::publish_v2,
         template_admin::publish_v1, builds::legacy_create_v1, builds::legacy_create_v2,
-        builds::legacy_rebuild, builds::legacy_start,
+        builds::legacy_rebuild, builds::legacy_start, secrets::list, secrets::create,
+        secrets::get, secrets::update, secrets::delete,
     ),
     components(schemas(
         ErrorBody, wire::NewSandbox, wire::Sandbox, wire::SandboxDetail, wire::ListedSandbox,
@@ -184,8 +234,9 @@ impl Modify for Links {
         wire_templates::AliasInfo, template_admin::AssignTags, template_admin::RemoveTags,
         template_admin::AssignedTags, template_admin::TagInfo, template_admin::BuildItem,
         template_admin::TemplateWithBuilds, template_admin::Publish, template_admin::Published,
+        secrets::Secret, secrets::NewSecret, secrets::SecretUpdate,
     )),
-    modifiers(&ApiKeyAuth, &Links)
+    modifiers(&ApiKeyAuth, &Unauthorized, &Links)
 )]
 pub struct ApiDoc;
 
@@ -226,6 +277,19 @@ mod tests {
             all > 20 && ids.len() == all,
             "duplicate operation ids in {ids:?}"
         );
+    }
+
+    #[test]
+    fn every_operation_that_takes_a_key_declares_401() {
+        let doc: Value = serde_json::from_str(&document_json()).unwrap_or_default();
+        let secured: Vec<_> = operations(&doc)
+            .into_iter()
+            .filter(|(_, op)| op["security"].as_array().is_some_and(|s| !s.is_empty()))
+            .collect();
+        assert!(secured.len() > 30, "{}", secured.len());
+        for (id, op) in secured {
+            assert!(op["responses"].get("401").is_some(), "{id} declares no 401");
+        }
     }
 
     /// Every link leaves a declared response, names a declared operation, and puts its value

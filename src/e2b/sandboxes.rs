@@ -213,6 +213,7 @@ async fn create_route(
     params(("Idempotency-Key" = Option<String>, Header, description = "replays return the same sandbox")),
     responses((status = 201, body = wire::Sandbox), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 422, body = ErrorBody, description = "the Idempotency-Key was used with a different request"),
         (status = 503, body = ErrorBody, description = "no node has capacity; Retry-After"),
         (status = 504, body = ErrorBody, description = "outcome unknown; Should-Retry: false"),
         (status = 507, body = ErrorBody, description = "from a snapshot: its node's data directory is full")),
@@ -228,7 +229,9 @@ pub async fn create_v2(
 
 #[utoipa::path(post, path = "/sandboxes", tag = "sandboxes", request_body = wire::NewSandbox,
     responses((status = 201, body = wire::Sandbox), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody, description = "no such template"),
+        (status = 503, body = ErrorBody),
         (status = 507, body = ErrorBody, description = "from a snapshot: its node's data directory is full")),
     security(("ApiKeyAuth" = [])))]
 pub async fn create_v1(
@@ -364,7 +367,8 @@ pub async fn list_v1(
 
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/timeout", tag = "sandboxes",
     params(("sandboxID" = String, Path)), request_body = wire::TimeoutRequest,
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "the sandbox is paused: its lease starts again when it resumes")),
     security(("ApiKeyAuth" = [])))]
 pub async fn set_timeout(
     e2b: Data,
@@ -388,7 +392,8 @@ pub async fn set_timeout(
 
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/refreshes", tag = "sandboxes",
     params(("sandboxID" = String, Path)), request_body = wire::RefreshRequest,
-    responses((status = 204), (status = 404, body = ErrorBody)),
+    responses((status = 204), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "the sandbox is paused")),
     security(("ApiKeyAuth" = [])))]
 pub async fn refresh(
     e2b: Data,

@@ -88,6 +88,8 @@ pub struct NetworkInfo {
     pub allow_out: Vec<String>,
     pub deny_out: Vec<String>,
     pub allow_public_traffic: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -23,6 +23,7 @@ use crate::model::{DEFAULT_NAMESPACE, Error, PoolTarget, Result, ids};
 use crate::node::NodeConfig;
 use crate::node::daemon::{self, DaemonConfig, RunningNode};
 use crate::node::runtime::builtin::AgentCommand;
+use crate::secrets::SecretStore;
 use observe::Metrics;
 
 #[derive(Debug, Clone)]
@@ -44,6 +45,9 @@ pub struct ServeConfig {
     pub e2b_tls: Option<E2bTls>,
     /// Secret that signs envd access tokens [default: DATA_DIR/envd-secret, created].
     pub envd_secret_file: Option<PathBuf>,
+    /// Tenants' secrets [default: DATA_DIR/secrets, sealed with DATA_DIR/secrets-key].
+    pub secrets_dir: Option<PathBuf>,
+    pub secrets_key_file: Option<PathBuf>,
     pub dispatcher: DispatcherConfig,
     pub kube: KubeConfig,
     /// Cluster mode: discover nodes from their NodeInventory objects.
@@ -197,6 +201,22 @@ fn envd_tokens(cfg: &ServeConfig) -> Result<EnvdTokens> {
     EnvdTokens::new(secret.as_bytes())
 }
 
+fn secret_store(cfg: &ServeConfig) -> Result<Arc<SecretStore>> {
+    let dir = cfg
+        .secrets_dir
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("secrets"));
+    let key = cfg
+        .secrets_key_file
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("secrets-key"));
+    let (store, made) = SecretStore::open(&dir, &key)?;
+    if made {
+        tracing::info!(key = %key.display(), "made a key for tenants' secrets");
+    }
+    Ok(Arc::new(store))
+}
+
 async fn metrics_route(metrics: web::Data<Arc<Metrics>>, e2b: web::Data<E2b>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
@@ -321,6 +341,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         idempotency: Default::default(),
         proxy: Default::default(),
         upload_max_bytes: cfg.sandboxes.template_upload_max_mib << 20,
+        secrets: secret_store(&cfg)?,
     });
     let metrics_data = web::Data::new(metrics.clone());
     let server = HttpServer::new(move || {

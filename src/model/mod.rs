@@ -6,6 +6,7 @@ pub mod error;
 pub mod ids;
 pub mod lease;
 pub mod logs;
+pub mod mask;
 pub mod network;
 pub mod pool;
 pub mod sandbox;

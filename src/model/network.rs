@@ -28,6 +28,10 @@ pub struct NetworkPolicy {
     /// sandbox's traffic access token.
     #[serde(default = "yes")]
     pub allow_public_traffic: bool,
+    /// e2b's `maskRequestHost`: the `Host` requests to the sandbox's own ports get, `${PORT}`
+    /// standing for the port (the original host goes in `X-Forwarded-Host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
 }
 
 fn yes() -> bool {
@@ -41,6 +45,7 @@ impl Default for NetworkPolicy {
             deny_out: Vec::new(),
             allow_internet_access: None,
             allow_public_traffic: true,
+            mask_request_host: None,
         }
     }
 }
@@ -56,6 +61,9 @@ pub struct Egress {
 impl NetworkPolicy {
     /// Checks every entry; the error names the first one that is not an IPv4 address or CIDR.
     pub fn validate(&self) -> Result<()> {
+        if let Some(mask) = &self.mask_request_host {
+            super::mask::validate(mask)?;
+        }
         for (field, list) in [("allowOut", &self.allow_out), ("denyOut", &self.deny_out)] {
             if list.len() > MAX_RULES {
                 return Err(Error::invalid(format!(

@@ -66,6 +66,7 @@ impl<R: Runtime> Node<R> {
         let _guard = op.lock_owned().await;
         let current = self.record_of(id)?;
         policy.allow_public_traffic = current.network.allow_public_traffic;
+        policy.mask_request_host = current.network.mask_request_host.clone();
         if policy == current.network {
             return Ok((current.without_token(), false));
         }

@@ -616,6 +616,7 @@ impl From<&model::network::NetworkPolicy> for super::NetworkPolicy {
             deny_out: n.deny_out.clone(),
             allow_internet_access: n.allow_internet_access,
             private_traffic: !n.allow_public_traffic,
+            mask_request_host: n.mask_request_host.clone(),
         }
     }
 }
@@ -627,6 +628,7 @@ impl From<super::NetworkPolicy> for model::network::NetworkPolicy {
             deny_out: n.deny_out,
             allow_internet_access: n.allow_internet_access,
             allow_public_traffic: !n.private_traffic,
+            mask_request_host: n.mask_request_host,
         }
     }
 }

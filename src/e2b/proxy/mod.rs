@@ -50,6 +50,8 @@ struct Route {
     jwt: String,
     /// Set when the sandbox's ports are not public: what `e2b-traffic-access-token` must be.
     traffic: Option<String>,
+    /// The sandbox's `maskRequestHost`, for requests to its own ports.
+    mask: Option<String>,
 }
 
 /// The proxy's state, part of the e2b surface's.
@@ -85,6 +87,7 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 const ACCESS_TOKEN: &str = "x-access-token";
 const TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
+const FORWARDED_HOST: &str = "x-forwarded-host";
 
 fn host_of(head: &RequestHead) -> Option<&str> {
     head.headers
@@ -191,6 +194,7 @@ impl Proxy {
             node: record.address.clone(),
             jwt: e2b.tokens.issue(&record.id, &record.token)?,
             traffic: e2b.traffic_token(&record),
+            mask: record.network.mask_request_host.clone(),
             agent_token: record.token,
         };
         self.routes.insert(sandbox.to_string(), route.clone());
@@ -256,11 +260,13 @@ fn empty_body() -> ProxyBody {
 }
 
 /// The request as the sandbox gets it: same method, path, query and end-to-end headers; the
-/// access token replaced according to `access`.
+/// access token replaced according to `access`; with a `host` mask, that `Host` and the
+/// original in `X-Forwarded-Host`, as e2b's edge does.
 fn upstream_request(
     req: &HttpRequest,
     body: ProxyBody,
     agent_token: Option<&str>,
+    host: Option<&str>,
 ) -> Result<hyper::Request<ProxyBody>, String> {
     let path = req
         .uri()
@@ -277,13 +283,24 @@ fn upstream_request(
         if n == ACCESS_TOKEN
             || n == TRAFFIC_TOKEN
             || (HOP_BY_HOP.contains(&n) && !(upgrade && (n == "upgrade" || n == "connection")))
+            || (host.is_some() && (n == "host" || n == FORWARDED_HOST))
         {
             continue;
         }
         b = b.header(n, value.as_bytes());
     }
-    if host_of(req.head()).is_some() && !req.headers().contains_key(header::HOST) {
-        b = b.header("host", host_of(req.head()).unwrap_or_default());
+    let original = host_of(req.head());
+    match host {
+        Some(masked) => {
+            b = b.header("host", masked);
+            if let Some(o) = original {
+                b = b.header(FORWARDED_HOST, o);
+            }
+        }
+        None if original.is_some() && !req.headers().contains_key(header::HOST) => {
+            b = b.header("host", original.unwrap_or_default());
+        }
+        None => {}
     }
     if let Some(t) = agent_token {
         b = b.header(ACCESS_TOKEN, t);
@@ -354,13 +371,23 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
     };
     let mut agent_token = None;
     if let Some(wanted) = route.traffic.as_deref().filter(|_| !target.is_envd()) {
-        let presented = header_str(req.headers(), TRAFFIC_TOKEN).unwrap_or("");
-        if !bool::from(presented.as_bytes().ct_eq(wanted.as_bytes())) {
-            return answer(
-                403,
-                &target.published,
-                "This sandbox's ports are not public: send its traffic access token as e2b-traffic-access-token",
-            );
+        // The messages are e2b's edge's, which clients may match on.
+        match header_str(req.headers(), TRAFFIC_TOKEN) {
+            None => {
+                return answer(
+                    403,
+                    &target.published,
+                    "Sandbox is secured with traffic access token. Token header 'e2b-traffic-access-token' is missing",
+                );
+            }
+            Some(presented) if !bool::from(presented.as_bytes().ct_eq(wanted.as_bytes())) => {
+                return answer(
+                    403,
+                    &target.published,
+                    "Sandbox is secured with traffic access token. Provided token in header 'e2b-traffic-access-token' is invalid",
+                );
+            }
+            Some(_) => {}
         }
     }
     if target.is_envd() {
@@ -384,7 +411,13 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
     } else {
         (request_body(payload), None)
     };
-    let upstream = match upstream_request(&req, body, agent_token) {
+    // envd's traffic is never masked.
+    let masked = route
+        .mask
+        .as_deref()
+        .filter(|_| !target.is_envd())
+        .map(|m| crate::model::mask::apply(m, target.port));
+    let upstream = match upstream_request(&req, body, agent_token, masked.as_deref()) {
         Ok(r) => r,
         Err(why) => return answer(400, &target.published, &why),
     };

@@ -187,9 +187,11 @@ def test_private_ports_need_the_traffic_access_token():
                 break
             time.sleep(0.2)
         assert r.status_code == 200 and r.text == "inside", r.text
-        assert httpx.get(f"{SANDBOX_URL}/index.html", headers=headers).status_code == 403
+        missing = httpx.get(f"{SANDBOX_URL}/index.html", headers=headers)
+        assert missing.status_code == 403 and "is missing" in missing.json()["message"], missing.text
         wrong = {**headers, "e2b-traffic-access-token": token[:-1] + ("0" if token[-1] != "0" else "1")}
-        assert httpx.get(f"{SANDBOX_URL}/index.html", headers=wrong).status_code == 403
+        invalid = httpx.get(f"{SANDBOX_URL}/index.html", headers=wrong)
+        assert invalid.status_code == 403 and "is invalid" in invalid.json()["message"], invalid.text
         # envd is guarded by its own token, not this one: the SDK keeps working.
         assert sbx.commands.run("echo ok").stdout == "ok\n"
         assert sbx.get_info().network["allow_public_traffic"] is False
@@ -201,6 +203,54 @@ def test_private_ports_need_the_traffic_access_token():
             other.kill()
     finally:
         sbx.kill()
+
+
+# A server that answers each request with the Host and X-Forwarded-Host it was given.
+HEADER_ECHO = (
+    "python3 -c \"import http.server as h\n"
+    "class H(h.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        b = (str(self.headers.get('Host')) + '|' + str(self.headers.get('X-Forwarded-Host'))).encode()\n"
+    "        self.send_response(200); self.send_header('Content-Length', str(len(b))); self.end_headers(); self.wfile.write(b)\n"
+    "h.HTTPServer(('0.0.0.0', 8080), H).serve_forever()\""
+)
+
+
+def test_mask_request_host_is_the_host_the_sandbox_sees():
+    sbx = Sandbox.create(network={"mask_request_host": "custom-host.example.com:${PORT}"})
+    try:
+        assert sbx.get_info().network["mask_request_host"] == "custom-host.example.com:${PORT}"
+        sbx.commands.run(HEADER_ECHO, background=True)
+        headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8080"}
+        deadline = time.monotonic() + 20
+        while True:
+            r = httpx.get(f"{SANDBOX_URL}/", headers=headers)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        original = SANDBOX_URL.split("://", 1)[1].rstrip("/")
+        assert r.text == f"custom-host.example.com:8080|{original}", r.text
+        # envd's own traffic is never masked: the SDK keeps working.
+        assert sbx.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        sbx.kill()
+    # Without a mask the sandbox sees the host the request was sent to.
+    plain = Sandbox.create()
+    try:
+        plain.commands.run(HEADER_ECHO, background=True)
+        headers = {"E2b-Sandbox-Id": plain.sandbox_id, "E2b-Sandbox-Port": "8080"}
+        deadline = time.monotonic() + 20
+        while True:
+            r = httpx.get(f"{SANDBOX_URL}/", headers=headers)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.text == f"{original}|None", r.text
+    finally:
+        plain.kill()
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(network={"mask_request_host": "bad host:${PORT}"})
+    assert "400" in str(e.value) and "maskRequestHost" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize(
