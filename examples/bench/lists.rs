@@ -403,6 +403,8 @@ async fn bench_e2b(
     keys: web::Data<sandbox_gateway::e2b::auth::ApiKeys>,
     runs: usize,
 ) -> Res<E2bLists> {
+    // The lists never touch secrets; the state needs a store all the same.
+    let secrets_dir = tempfile::tempdir()?;
     let state = web::Data::new(sandbox_gateway::e2b::E2b {
         dispatcher: d.clone(),
         tokens: sandbox_gateway::e2b::tokens::EnvdTokens::new(&[7u8; 32])?,
@@ -410,6 +412,13 @@ async fn bench_e2b(
         idempotency: Default::default(),
         proxy: Default::default(),
         upload_max_bytes: 1 << 30,
+        secrets: std::sync::Arc::new(
+            sandbox_gateway::secrets::SecretStore::open(
+                &secrets_dir.path().join("secrets"),
+                &secrets_dir.path().join("secrets-key"),
+            )?
+            .0,
+        ),
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

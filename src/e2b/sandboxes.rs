@@ -104,6 +104,18 @@ fn lifecycle(req: &wire::NewSandbox) -> ApiResult<model::Lifecycle> {
             "autoResume needs autoPause: only a sandbox paused at its timeout can be resumed by traffic",
         ));
     }
+    // e2b's own rules for a filesystem-only auto-pause come first, so a request that breaks
+    // them hears why whatever this gateway offers.
+    if req.auto_pause_memory == Some(false) && on_timeout != model::OnTimeout::Pause {
+        return Err(ApiError::bad_request(
+            "autoPauseMemory: false needs autoPause: true (it says how the sandbox pauses at its timeout)",
+        ));
+    }
+    if req.auto_pause_memory == Some(false) && auto_resume {
+        return Err(ApiError::bad_request(
+            "autoPauseMemory: false cannot be combined with autoResume: a sandbox paused without its memory must be resumed with connect",
+        ));
+    }
     if req.auto_pause_memory == Some(false) && on_timeout == model::OnTimeout::Pause {
         return Err(ApiError::bad_request(
             "autoPauseMemory: false (a filesystem-only pause) is not offered: a paused sandbox keeps its memory",
@@ -607,6 +619,30 @@ pub async fn not_supported(req: HttpRequest) -> ApiResult<HttpResponse> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filesystem_only_auto_pause_follows_e2bs_rules() {
+        let req = |v: serde_json::Value| -> wire::NewSandbox {
+            serde_json::from_value(v).expect("a create body")
+        };
+        let why = |v: serde_json::Value| lifecycle(&req(v)).unwrap_err().message;
+        assert!(why(serde_json::json!({"autoPauseMemory": false})).contains("needs autoPause"));
+        assert!(
+            why(
+                serde_json::json!({"autoPause": true, "autoPauseMemory": false,
+                "autoResume": {"enabled": true}})
+            )
+            .contains("autoResume")
+        );
+        assert!(
+            why(serde_json::json!({"autoPause": true, "autoPauseMemory": false}))
+                .contains("filesystem-only")
+        );
+        let kept = lifecycle(&req(
+            serde_json::json!({"autoPause": true, "autoPauseMemory": true}),
+        ));
+        assert_eq!(kept.unwrap().on_timeout, model::OnTimeout::Pause);
+    }
 
     #[test]
     fn unsupported_options_are_named() {

@@ -2,6 +2,7 @@
 
 pub mod builds;
 pub mod checkpoint;
+pub mod domains;
 pub mod error;
 pub mod ids;
 pub mod lease;
@@ -10,6 +11,7 @@ pub mod mask;
 pub mod network;
 pub mod pool;
 pub mod sandbox;
+pub mod transforms;
 
 pub use checkpoint::{MAX_CHECKPOINT_NAME, stamped_name, validate_checkpoint_name};
 pub use error::{Error, ErrorKind, Result};

@@ -8,6 +8,7 @@ mod builds;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod egress;
 mod identify;
 mod leases;
 pub mod logs;
