@@ -71,13 +71,15 @@ fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {
         return refuse("secure: false (every sandbox gets an envd access token)");
     }
     if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return refuse("volumeMounts");
+        return refuse("volumeMounts (volumes are not offered yet: /volumes answers 501)");
     }
     if req.mcp.as_ref().is_some_and(|v| !v.is_null()) {
-        return refuse("mcp");
+        return refuse(
+            "mcp (it needs the mcp-gateway template with e2b's mcp-gateway program, which this gateway does not have)",
+        );
     }
     if req.iam.as_ref().is_some_and(|v| !v.is_null()) {
-        return refuse("iam");
+        return refuse("iam (this gateway mints no workload identity tokens)");
     }
     Ok(())
 }

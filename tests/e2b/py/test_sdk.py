@@ -285,6 +285,14 @@ def test_unsupported_create_options_are_refused(cleanup, option):
     with pytest.raises(SandboxException) as e:
         cleanup.create(metadata=meta, **kwargs)
     assert status_of(e.value) == 400, repr(e.value)
+    # The refusal names what is missing.
+    named = {
+        "network_domains": "domain name",
+        "mcp": "mcp-gateway",
+        "volume_mounts": "volumes",
+        "iam": "identity",
+    }[option]
+    assert named in str(e.value), str(e.value)
     # Nothing was started.
     assert list_all(SandboxQuery(metadata=meta)) == []
 
