@@ -383,6 +383,10 @@ pub struct SandboxArgs {
     /// internal mirror, say); repeatable. Sandboxes' own network policies still apply.
     #[arg(long = "sandbox-reachable", value_name = "CIDR")]
     pub sandbox_reachable: Vec<String>,
+    /// A name the egress proxy resolves to this IPv4 address before asking DNS (internal
+    /// names an allow-list may name; the tests' servers); repeatable.
+    #[arg(long = "egress-host", value_name = "NAME=IP")]
+    pub egress_hosts: Vec<String>,
     /// How long a sandbox may take to boot or restore, in seconds; past it the claim answers
     /// "no capacity" (503, Retry-After) and the dispatcher tries another node.
     #[arg(long = "boot-timeout-seconds", value_name = "SECONDS", value_parser = parse_seconds, default_value = "15")]
@@ -492,6 +496,22 @@ impl SandboxArgs {
         node.paused_retention = Duration::from_secs(self.paused_retention_seconds);
         crate::model::network::parse_cidrs("--sandbox-reachable", &self.sandbox_reachable)?;
         node.sandbox_reachable = self.sandbox_reachable.clone();
+        node.egress_hosts = self
+            .egress_hosts
+            .iter()
+            .map(|h| {
+                h.split_once('=')
+                    .and_then(|(n, ip)| {
+                        Some((n.trim().to_ascii_lowercase(), ip.trim().parse().ok()?))
+                    })
+                    .filter(|(n, _)| !n.is_empty())
+                    .ok_or_else(|| {
+                        crate::model::Error::invalid(format!(
+                            "--egress-host {h:?}: expected NAME=IPv4"
+                        ))
+                    })
+            })
+            .collect::<crate::model::Result<_>>()?;
         node.boot_timeout = self.boot_timeout;
         node.service_timeout = self.service_timeout;
         node.template_upload_max_bytes = self.template_upload_max_mib << 20;

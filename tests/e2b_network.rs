@@ -37,6 +37,13 @@ fn scenarios_in_private_network(
                 "base/egress=2",
                 "--sandbox-reachable",
                 "198.51.100.0/24",
+                // Names the egress proxy resolves (network_scenarios.py's domain rules).
+                "--egress-host",
+                "allowed.test=198.51.100.7",
+                "--egress-host",
+                "x.apps.test=198.51.100.7",
+                "--egress-host",
+                "private.test=127.0.0.1",
             ],
         );
         let env = vec![

@@ -172,7 +172,7 @@ mod tests {
         for (body, named) in [
             (
                 serde_json::json!({"allowOut": ["example.com"]}),
-                "domain name",
+                "ALL_TRAFFIC",
             ),
             (
                 serde_json::json!({"egressProxy": {"address": "p:1080"}}),

@@ -56,6 +56,10 @@ impl Default for NetworkPolicy {
 pub struct Egress {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
+    /// Domain entries of `allowOut` (`example.com`, `*.example.com`): only an egress proxy,
+    /// which sees the name a connection carries, can allow by them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
 }
 
 impl NetworkPolicy {
@@ -72,10 +76,32 @@ impl NetworkPolicy {
                 )));
             }
             for entry in list {
-                parse_entry(field, entry)?;
+                if field == "allowOut" && is_name(entry) {
+                    super::domains::Pattern::parse("network.allowOut", entry)?;
+                } else {
+                    parse_entry(field, entry)?;
+                }
             }
         }
+        // As e2b: a name can only be an exception to denying everything.
+        if self.allow_out.iter().any(|e| is_name(e))
+            && !self.deny_out.iter().any(|d| d == ALL_TRAFFIC)
+            && self.allow_internet_access != Some(false)
+        {
+            return Err(Error::invalid(
+                "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.",
+            ));
+        }
         Ok(())
+    }
+
+    /// The domain entries of `allowOut`.
+    pub fn names(&self) -> Vec<String> {
+        self.allow_out
+            .iter()
+            .filter(|e| is_name(e))
+            .cloned()
+            .collect()
     }
 
     /// Whether nothing may leave at all: everything denied, nothing allowed back.
@@ -114,6 +140,7 @@ impl NetworkPolicy {
         Ok(Some(Egress {
             allow: prefixes(&allow),
             deny: prefixes(&deny),
+            names: self.names(),
         }))
     }
 }
@@ -148,6 +175,15 @@ pub fn parse_cidrs(what: &str, list: &[String]) -> Result<Ranges> {
         .map(merge)
 }
 
+/// Whether an `allowOut` entry is meant as a domain (it has a letter or a wildcard, and is
+/// neither an address nor IPv6).
+fn is_name(entry: &str) -> bool {
+    parse_cidr(entry.trim()).is_none()
+        && !entry.contains(':')
+        && !entry.contains('/')
+        && (entry.starts_with('*') || entry.bytes().any(|b| b.is_ascii_alphabetic()))
+}
+
 fn parse_entry(field: &str, entry: &str) -> Result<(u32, u32)> {
     if let Some(r) = parse_cidr(entry.trim()) {
         return Ok(r);
@@ -159,7 +195,7 @@ fn parse_entry(field: &str, entry: &str) -> Result<(u32, u32)> {
         )
     } else if !entry.is_empty() && host.chars().any(|c| c.is_ascii_alphabetic()) {
         format!(
-            "network.{field}: {entry:?} is a domain name; domain rules need a name-aware egress proxy, which this gateway does not have (give IPv4 addresses or CIDRs)"
+            "network.{field}: {entry:?} is a domain name; only allowOut takes domain names (deny by address: IPv4 addresses and CIDRs)"
         )
     } else {
         format!("network.{field}: {entry:?} is not an IPv4 address or CIDR")
@@ -310,8 +346,20 @@ mod tests {
     #[test]
     fn entries_that_are_not_ipv4_are_refused_with_the_reason() {
         let err = |allow: &[&str], deny: &[&str]| policy(allow, deny).validate().unwrap_err();
-        assert!(err(&["example.com"], &[]).message.contains("domain name"));
-        assert!(err(&["*.example.com"], &[]).message.contains("domain name"));
+        // Names are exceptions to denying everything, as on e2b, and never denials.
+        assert!(err(&["example.com"], &[]).message.contains("ALL_TRAFFIC"));
+        assert!(
+            err(&["*.example.com"], &["1.0.0.0/8"])
+                .message
+                .contains("ALL_TRAFFIC")
+        );
+        assert!(err(&[], &["example.com"]).message.contains("domain name"));
+        assert!(err(&["a..b"], &[ALL_TRAFFIC]).message.contains("allowOut"));
+        let named = policy(&["pypi.org", "*.github.com", "1.1.1.1"], &[ALL_TRAFFIC]);
+        named.validate().unwrap();
+        let e = named.egress().unwrap().unwrap();
+        assert_eq!(e.names, vec!["pypi.org", "*.github.com"]);
+        assert_eq!(e.allow, vec!["1.1.1.1/32"]);
         assert!(err(&[], &["::/0"]).message.contains("IPv6"));
         assert!(err(&[], &["10.0.0.0/33"]).message.contains("not an IPv4"));
         assert!(err(&[], &[""]).message.contains("not an IPv4"));

@@ -37,6 +37,8 @@ pub struct NodeConfig {
     pub paused_retention: Duration,
     /// Private or host ranges sandboxes may reach although they are blocked by default.
     pub sandbox_reachable: Vec<String>,
+    /// Names the egress proxy resolves itself (`--egress-host`).
+    pub egress_hosts: Vec<(String, std::net::Ipv4Addr)>,
     /// How long a sandbox may take to boot (or restore) before the node gives up on it and
     /// answers "no capacity": on an overloaded host, another node or a later retry will do.
     pub boot_timeout: Duration,
@@ -122,6 +124,7 @@ impl NodeConfig {
             checkpoint_budget_bytes: DEFAULT_CHECKPOINT_BUDGET_MIB << 20,
             paused_retention: Duration::from_secs(DEFAULT_PAUSED_RETENTION_SECONDS),
             sandbox_reachable: Vec::new(),
+            egress_hosts: Vec::new(),
             boot_timeout: BOOT_TIMEOUT,
             service_timeout: SERVICE_TIMEOUT,
             template_upload_max_bytes: DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES,

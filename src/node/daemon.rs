@@ -99,6 +99,7 @@ fn pick_runtime(
                     disk_bytes: node.disk_bytes,
                     node_lock: paths.lock.clone(),
                     reachable: node.sandbox_reachable.clone(),
+                    egress_hosts: node.egress_hosts.clone(),
                 },
             )?)))
         }

@@ -31,6 +31,15 @@ impl<R: Runtime> Node<R> {
                 self.name()
             )));
         }
+        if rules.as_ref().is_some_and(|r| !r.names.is_empty())
+            && !self.inner.runtime.proxies_egress()
+        {
+            return Err(Error::invalid(format!(
+                "domain names in network.allowOut need an egress proxy, which node {:?} does not have on its {} runtime yet; give IPv4 addresses or CIDRs",
+                self.name(),
+                self.inner.runtime.name()
+            )));
+        }
         Ok(rules)
     }
 

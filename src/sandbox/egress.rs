@@ -20,6 +20,7 @@ use crate::model::network::Egress;
 /// The interface slirp4netns serves in every egress namespace.
 pub const DEVICE: &str = "tap0";
 const TABLE: &str = "sandbox_egress";
+const PROXY_TABLE: &str = "sandbox_egress_proxy";
 
 /// Where the rules hook in (see the module comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,15 +40,29 @@ impl Hook {
     }
 }
 
-/// An nft script that replaces the namespace's policy table in one transaction; with no
-/// rules it only removes the table.
-pub fn ruleset(egress: Option<&Egress>, hook: Hook) -> String {
+/// An nft script that replaces the namespace's policy tables in one transaction; with no
+/// rules it only removes them. With `proxy` (the kernel stack only), every TCP connection
+/// leaving through the device is redirected to that port on the namespace's loopback, where
+/// the node's egress proxy listens and judges it by the name it carries; the filter then
+/// judges only what is not TCP, and lets DNS reach slirp4netns's resolver.
+pub fn ruleset(egress: Option<&Egress>, hook: Hook, proxy: Option<u16>) -> String {
     let family = hook.family();
-    // Creating the table first makes the delete valid whether or not it existed.
+    // Creating a table first makes its delete valid whether or not it existed.
     let mut s = format!("table {family} {TABLE}\ndelete table {family} {TABLE}\n");
+    if hook == Hook::KernelStack {
+        s.push_str(&format!(
+            "table ip {PROXY_TABLE}\ndelete table ip {PROXY_TABLE}\n"
+        ));
+    }
     let Some(e) = egress else {
         return s;
     };
+    let proxy = proxy.filter(|_| hook == Hook::KernelStack);
+    if let Some(port) = proxy {
+        s.push_str(&format!(
+            "table ip {PROXY_TABLE} {{\n  chain out {{\n    type nat hook output priority -100; policy accept;\n    oifname \"{DEVICE}\" meta l4proto tcp redirect to :{port}\n  }}\n}}\n"
+        ));
+    }
     s.push_str(&format!("table {family} {TABLE} {{\n  chain out {{\n"));
     match hook {
         Hook::KernelStack => {
@@ -63,6 +78,15 @@ pub fn ruleset(egress: Option<&Egress>, hook: Hook) -> String {
         Hook::KernelStack => "reject with icmpx type admin-prohibited",
         Hook::Device => "drop",
     };
+    if proxy.is_some() {
+        // The filter still sees a redirected packet's first device (the hook's state is not
+        // updated by the reroute), so what went to the proxy is recognized by its NAT.
+        s.push_str("    ct status dnat accept\n");
+        s.push_str(&format!(
+            "    ip daddr {} accept\n",
+            crate::sandbox::net::SLIRP_DNS
+        ));
+    }
     if !e.allow.is_empty() {
         s.push_str(&format!(
             "    ip daddr {{ {} }} accept\n",
@@ -120,6 +144,7 @@ mod tests {
         Egress {
             allow: allow.iter().map(|s| s.to_string()).collect(),
             deny: deny.iter().map(|s| s.to_string()).collect(),
+            names: Vec::new(),
         }
     }
 
@@ -128,6 +153,7 @@ mod tests {
         let s = ruleset(
             Some(&egress(&["203.0.113.7/32"], &["0.0.0.0/1", "128.0.0.0/1"])),
             Hook::KernelStack,
+            None,
         );
         let lines: Vec<&str> = s.lines().map(str::trim).collect();
         assert_eq!(lines[0], "table inet sandbox_egress");
@@ -148,7 +174,11 @@ mod tests {
 
     #[test]
     fn device_rules_drop_on_the_taps_egress() {
-        let s = ruleset(Some(&egress(&[], &["198.51.100.0/24"])), Hook::Device);
+        let s = ruleset(
+            Some(&egress(&[], &["198.51.100.0/24"])),
+            Hook::Device,
+            Some(9),
+        );
         assert!(s.contains("table netdev sandbox_egress {"));
         assert!(s.contains("hook egress device \"tap0\""));
         assert!(s.contains("ip daddr { 198.51.100.0/24 } drop"));
@@ -160,9 +190,40 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_takes_every_tcp_connection_through_the_device() {
+        let s = ruleset(
+            Some(&egress(&[], &["0.0.0.0/0"])),
+            Hook::KernelStack,
+            Some(40123),
+        );
+        assert!(s.contains("table ip sandbox_egress_proxy {"), "{s}");
+        assert!(s.contains("type nat hook output priority -100"), "{s}");
+        assert!(
+            s.contains("oifname \"tap0\" meta l4proto tcp redirect to :40123"),
+            "{s}"
+        );
+        let dnat = s
+            .find("ct status dnat accept")
+            .expect("redirected packets pass");
+        assert!(dnat < s.find("reject").expect("the denial"), "{s}");
+        let dns = s
+            .find("ip daddr 10.0.2.3 accept")
+            .expect("DNS stays reachable");
+        assert!(dns < s.find("reject").expect("the denial"), "{s}");
+        // Without the proxy its table goes, whatever was there before.
+        let off = ruleset(Some(&egress(&[], &["0.0.0.0/0"])), Hook::KernelStack, None);
+        assert!(
+            off.contains("delete table ip sandbox_egress_proxy"),
+            "{off}"
+        );
+        assert!(!off.contains("redirect"), "{off}");
+        assert!(!s.contains("10.0.2.3") || s.contains("redirect"));
+    }
+
+    #[test]
     fn no_rules_only_removes_the_table() {
         assert_eq!(
-            ruleset(None, Hook::Device),
+            ruleset(None, Hook::Device, None),
             "table netdev sandbox_egress\ndelete table netdev sandbox_egress\n"
         );
     }

@@ -1,8 +1,8 @@
-//! The node's egress proxy, being built (issue 26): every outbound TCP connection of a sandbox
-//! is to be forced through it from inside the sandbox's network namespace, judged by the name
-//! it carries (HTTP `Host`, TLS SNI) and its address, and, for hosts with transforms, have
-//! headers set with the tenant's secrets filled in. These are its parts that stand alone: the
-//! name a connection carries, and the verdict on it.
+//! The node's egress proxy: a sandbox whose policy allows domain names has every outbound TCP
+//! connection forced through it from inside its network namespace, judged by the name it
+//! carries (HTTP `Host`, TLS SNI) and its address in e2b's order. Transforms (headers set with
+//! the tenant's secrets filled in) are still to come (issue 26).
 
 pub mod peek;
 pub mod policy;
+pub mod proxy;

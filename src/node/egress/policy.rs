@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 
 use crate::model::domains::Pattern;
-use crate::model::network::{NetworkPolicy, Ranges, merge, parse_cidr};
+use crate::model::network::{Egress, NetworkPolicy, Ranges, merge, parse_cidr};
 use crate::model::{Error, Result};
 
 /// A sandbox's egress rules, parsed once per policy.
@@ -30,6 +30,28 @@ pub enum Verdict {
 }
 
 impl Rules {
+    /// The rules a firewall's sets and names say (see `NetworkPolicy::egress`).
+    pub fn from_egress(e: &Egress) -> Result<Rules> {
+        let ranges = |what: &str, list: &[String]| -> Result<Ranges> {
+            list.iter()
+                .map(|c| {
+                    parse_cidr(c)
+                        .ok_or_else(|| Error::invalid(format!("{what}: {c:?} is not a CIDR")))
+                })
+                .collect::<Result<Ranges>>()
+                .map(merge)
+        };
+        Ok(Rules {
+            names: e
+                .names
+                .iter()
+                .map(|n| Pattern::parse("network.allowOut", n))
+                .collect::<Result<_>>()?,
+            allow: ranges("allow", &e.allow)?,
+            deny: ranges("deny", &e.deny)?,
+        })
+    }
+
     /// The rules of `policy`; `None` when it restricts nothing (every connection leaves).
     pub fn of(policy: &NetworkPolicy) -> Result<Option<Rules>> {
         let mut rules = Rules::default();

@@ -98,6 +98,13 @@ impl Runtime for AnyRuntime {
         }
     }
 
+    fn proxies_egress(&self) -> bool {
+        match self {
+            AnyRuntime::Builtin(r) => r.proxies_egress(),
+            AnyRuntime::Gvisor(r) => r.proxies_egress(),
+        }
+    }
+
     async fn set_egress(
         &self,
         inst: &Instance<AnyHandle>,

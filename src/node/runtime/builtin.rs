@@ -21,6 +21,8 @@ use super::reaper::{LIFELINE_FD, Reaper};
 use super::{BootSpec, Conn, Instance, Runtime, Usage, sys};
 use crate::model::network::{self, Egress};
 use crate::model::{Error, Result, ids};
+use crate::node::egress::policy::Rules;
+use crate::node::egress::proxy::{self as egress_proxy, Proxies};
 use crate::sandbox::egress;
 use crate::sandbox::net::ALWAYS_BLOCKED;
 use crate::sandbox::spec::{self as boot, IdMap, Net, layout};
@@ -59,6 +61,8 @@ pub struct BuiltinConfig {
     pub node_lock: PathBuf,
     /// Blocked ranges sandboxes may reach all the same (`--sandbox-reachable`).
     pub reachable: Vec<String>,
+    /// Names the egress proxy resolves itself (`--egress-host`).
+    pub egress_hosts: Vec<(String, std::net::Ipv4Addr)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,6 +84,8 @@ pub struct BuiltinRuntime {
     /// For sandboxes' own egress policies (`crate::sandbox::egress`).
     nft: Option<PathBuf>,
     blocked: Vec<String>,
+    /// Sandboxes whose policies allow names (`crate::node::egress`).
+    proxies: Proxies,
     /// Every supervisor inherits the lifeline's read end; when the node exits for any reason
     /// supervisors end their sandboxes, and the reaper ends what they could not.
     reaper: Reaper,
@@ -101,11 +107,12 @@ pub(super) async fn enforce_egress(
     netns: PathBuf,
     egress: Option<&Egress>,
     hook: egress::Hook,
+    proxy: Option<u16>,
 ) -> Result<()> {
     let nft = nft
         .ok_or_else(|| Error::invalid("network policies need nftables (apt-get install nftables)"))?
         .to_path_buf();
-    let script = egress::ruleset(egress, hook);
+    let script = egress::ruleset(egress, hook, proxy);
     blocking(move || {
         egress::apply(&nft, &netns, &script).map_err(io_err("applying the sandbox's egress rules"))
     })
@@ -206,6 +213,7 @@ impl BuiltinRuntime {
         let blocked = blocked_ranges(&cfg.reachable)?;
         let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
         let dialer = Dialer::new().map_err(io_err("starting the dial thread"))?;
+        let proxies = Proxies::new(egress_proxy::Dialer::new(&blocked, &cfg.egress_hosts));
         Ok(BuiltinRuntime {
             cfg,
             cgroups,
@@ -214,6 +222,7 @@ impl BuiltinRuntime {
             slirp4netns,
             nft: which("nft"),
             blocked,
+            proxies,
             reaper,
         })
     }
@@ -433,6 +442,7 @@ impl Runtime for BuiltinRuntime {
     }
 
     async fn destroy(&self, inst: &Instance<BuiltinHandle>) -> Result<()> {
+        self.proxies.forget(&inst.id);
         let cgroups = self.cgroups.clone();
         let cg = inst.handle.cgroup.clone();
         let dir = inst.dir.clone();
@@ -562,13 +572,32 @@ impl Runtime for BuiltinRuntime {
         }
         // A frozen sandbox's namespace is the host's to change like any other.
         let netns = PathBuf::from(format!("/proc/{}/ns/net", inst.handle.pid));
+        // Names need the proxy: it is started (or given the new rules) before the redirect
+        // sends anything to it, and stopped after the redirect is gone.
+        let proxy = match egress.filter(|e| !e.names.is_empty()) {
+            Some(e) => Some(
+                self.proxies
+                    .ensure(&inst.id, netns.clone(), Rules::from_egress(e)?)
+                    .await?,
+            ),
+            None => None,
+        };
         enforce_egress(
             self.nft.as_deref(),
             netns,
             egress,
             egress::Hook::KernelStack,
+            proxy,
         )
-        .await
+        .await?;
+        if proxy.is_none() {
+            self.proxies.forget(&inst.id);
+        }
+        Ok(())
+    }
+
+    fn proxies_egress(&self) -> bool {
+        self.nft.is_some()
     }
 
     fn is_alive(&self, inst: &Instance<BuiltinHandle>) -> bool {

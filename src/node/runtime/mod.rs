@@ -101,6 +101,12 @@ pub trait Runtime: Send + Sync + 'static {
         false
     }
 
+    /// Whether egress rules may allow domain names here (an egress proxy sees the name each
+    /// connection carries).
+    fn proxies_egress(&self) -> bool {
+        false
+    }
+
     /// Puts the instance's egress rules in force (None lifts them); they reach open
     /// connections' next packets. A paused instance gets them before it runs again.
     fn set_egress(

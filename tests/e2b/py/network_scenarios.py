@@ -54,7 +54,14 @@ class ThreadedTCP(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
 @pytest.fixture(scope="module", autouse=True)
 def servers():
-    started = [HTTPServer((A, HTTP_PORT), Hello), HTTPServer((B, HTTP_PORT), Hello), ThreadedTCP((B, ECHO_PORT), Echo)]
+    started = [
+        HTTPServer((A, HTTP_PORT), Hello),
+        HTTPServer((B, HTTP_PORT), Hello),
+        ThreadedTCP((B, ECHO_PORT), Echo),
+        # Port 80: where an HTTP request's Host names it to the egress proxy.
+        HTTPServer((A, 80), Hello),
+        HTTPServer((B, 80), Hello),
+    ]
     for s in started:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     yield
@@ -172,6 +179,56 @@ def test_the_sandbox_cannot_route_around_its_policy():
         sbx.kill()
 
 
+def test_domain_allow_lists_go_by_the_name_each_connection_carries():
+    # The gateway resolves these names itself (--egress-host, tests/e2b_network.rs):
+    # allowed.test and x.apps.test are server A, private.test is loopback.
+    net = {"allow_out": ["allowed.test", "*.apps.test", "private.test"], "deny_out": [ALL_TRAFFIC]}
+    if RUNTIME != "builtin":
+        with pytest.raises(SandboxException) as e:
+            Sandbox.create(network=net)
+        assert "400" in str(e.value) and "egress proxy" in str(e.value), str(e.value)
+        return
+    sbx = Sandbox.create(network=net)
+    try:
+        def get(url, extra=""):
+            return sbx.commands.run(f"curl -s -m 5 {extra} {url}; echo \" rc=$?\"", timeout=30).stdout
+
+        # The sandbox says where the name is (B); the proxy dials the name as the node
+        # resolves it instead, so A answers.
+        assert get("http://allowed.test/", f"--resolve allowed.test:80:{B}").startswith(A + " rc=0")
+        assert get("http://x.apps.test/", f"--resolve x.apps.test:80:{B}").startswith(A + " rc=0")
+        # No name, a name not allowed, a wildcard's apex: closed without an answer.
+        for url, extra in [
+            (f"http://{B}/", ""),
+            (f"http://{A}/", "-H 'Host: other.test'"),
+            ("http://apps.test/", f"--resolve apps.test:80:{A}"),
+            # An allowed name that resolves to a private or local address is not dialled.
+            ("http://private.test/", f"--resolve private.test:80:{A}"),
+            # Other ports carry no name the proxy reads: the address decides.
+            (f"http://allowed.test:{HTTP_PORT}/", f"--resolve allowed.test:{HTTP_PORT}:{A}"),
+        ]:
+            out = get(url, extra)
+            assert "rc=0" not in out, (url, out)
+        # The proxy's listener is of no use when dialled directly.
+        listening = (
+            "python3 -c \"print(*[int(l.split()[1].split(':')[1], 16) for l in open('/proc/net/tcp')"
+            " if l.split()[3] == '0A' and l.split()[1].startswith('0100007F:')])\""
+        )
+        port = sbx.commands.run(listening).stdout.strip()
+        assert port, "the proxy listens on the sandbox's loopback"
+        assert "rc=0" not in get(f"http://127.0.0.1:{port}/", "-H 'Host: allowed.test'")
+        # An update applies at once, by address as well as by name.
+        sbx.update_network({"allow_out": ["allowed.test", B], "deny_out": [ALL_TRAFFIC]})
+        assert get(f"http://{B}/").startswith(B + " rc=0")
+        assert "rc=0" not in get(f"http://{A}/")
+        # Without names the proxy steps aside: everything is open again.
+        sbx.update_network({})
+        assert get(f"http://{A}/").startswith(A + " rc=0")
+        assert get(f"http://{B}:{HTTP_PORT}/").startswith(B + " rc=0")
+    finally:
+        sbx.kill()
+
+
 def test_private_ports_need_the_traffic_access_token():
     sbx = Sandbox.create(network={"allow_public_traffic": False})
     try:
@@ -256,7 +313,9 @@ def test_mask_request_host_is_the_host_the_sandbox_sees():
 @pytest.mark.parametrize(
     "network, named",
     [
-        ({"allow_out": ["example.com"], "deny_out": [ALL_TRAFFIC]}, "domain name"),
+        ({"allow_out": ["example.com"]}, "ALL_TRAFFIC"),
+        ({"allow_out": ["exa mple.com"], "deny_out": [ALL_TRAFFIC]}, "not a domain name"),
+        ({"deny_out": ["example.com"]}, "domain name"),
         ({"deny_out": ["::/0"]}, "IPv6"),
         ({"deny_out": ["10.0.0.0/33"]}, "not an IPv4"),
         ({"egress_proxy": {"address": "proxy.example.com:1080"}}, "egressProxy"),
@@ -273,8 +332,8 @@ def test_updates_are_checked_and_a_sandbox_without_network_stays_closed():
     sbx = Sandbox.create()
     try:
         with pytest.raises(SandboxException) as e:
-            sbx.update_network({"allow_out": ["example.com"], "deny_out": [ALL_TRAFFIC]})
-        assert "domain name" in str(e.value)
+            sbx.update_network({"allow_out": ["example.com"]})
+        assert "ALL_TRAFFIC" in str(e.value)
         assert reaches(sbx, B), "a refused update changes nothing"
     finally:
         sbx.kill()

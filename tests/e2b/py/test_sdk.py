@@ -269,8 +269,8 @@ def test_create_from_unknown_template_fails(cleanup):
 )
 def test_unsupported_create_options_are_refused(cleanup, option):
     kwargs = {
-        # CIDR rules are enforced (tests/e2b_network.rs); domain rules need an egress proxy.
-        "network_domains": {"network": {"allow_out": ["example.com"], "deny_out": ["0.0.0.0/0"]}},
+        # Domains are exceptions to denying everything, as on e2b (tests/e2b_network.rs).
+        "network_domains": {"network": {"allow_out": ["example.com"]}},
         "mcp": {"mcp": {"exa": {"apiKey": "x"}}},
         "volume_mounts": {"volume_mounts": {"/data": "vol-" + RUN}},
         "iam": {
@@ -287,7 +287,7 @@ def test_unsupported_create_options_are_refused(cleanup, option):
     assert status_of(e.value) == 400, repr(e.value)
     # The refusal names what is missing.
     named = {
-        "network_domains": "domain name",
+        "network_domains": "ALL_TRAFFIC",
         "mcp": "mcp-gateway",
         "volume_mounts": "volumes",
         "iam": "identity",

@@ -190,6 +190,7 @@ impl GvisorRuntime {
             netns,
             rules,
             crate::sandbox::egress::Hook::Device,
+            None,
         )
         .await
     }
