@@ -201,7 +201,7 @@ scenario('unsupported create options are refused with 400', async () => {
   const cases = {
     filesystemAutoPause: { lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } },
     // CIDR rules are enforced (tests/e2b_network.rs); domain rules need an egress proxy.
-    networkDomains: { network: { allowOut: ['example.com'], denyOut: ['0.0.0.0/0'] } },
+    networkDomains: { network: { allowOut: ['example.com'] } },
     mcp: { mcp: { exa: { apiKey: 'x' } } },
     volumeMounts: { volumeMounts: { '/data': 'vol-' + RUN } },
     iam: { iam: { tokens: { aws: { audience: 'sts.amazonaws.com', tokenType: 'JWT-SVID' } } } },

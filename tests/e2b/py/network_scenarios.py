@@ -27,6 +27,7 @@ SANDBOX_URL = os.environ["E2B_SANDBOX_URL"]
 RUNTIME = os.environ.get("RUNTIME", "builtin")
 HTTP_PORT = 8080
 ECHO_PORT = 9000
+UDP_PORT = 9001
 
 
 class Hello(BaseHTTPRequestHandler):
@@ -47,6 +48,12 @@ class Echo(socketserver.BaseRequestHandler):
             self.request.sendall(data)
 
 
+class UdpEcho(socketserver.BaseRequestHandler):
+    def handle(self):
+        data, sock = self.request
+        sock.sendto(data, self.client_address)
+
+
 class ThreadedTCP(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -61,6 +68,7 @@ def servers():
         # Port 80: where an HTTP request's Host names it to the egress proxy.
         HTTPServer((A, 80), Hello),
         HTTPServer((B, 80), Hello),
+        socketserver.UDPServer((B, UDP_PORT), UdpEcho),
     ]
     for s in started:
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -217,10 +225,24 @@ def test_domain_allow_lists_go_by_the_name_each_connection_carries():
         port = sbx.commands.run(listening).stdout.strip()
         assert port, "the proxy listens on the sandbox's loopback"
         assert "rc=0" not in get(f"http://127.0.0.1:{port}/", "-H 'Host: allowed.test'")
+        # Nothing skips the proxy: raw sockets are refused even to root, and UDP follows the
+        # address rules (a denied server never hears it).
+        raw = sbx.commands.run(
+            "python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)\" 2>&1; echo rc=$?",
+            user="root",
+        ).stdout
+        assert "PermissionError" in raw and "rc=1" in raw, raw
+        udp_probe = (
+            "python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+            f"s.settimeout(2); s.sendto(b'x', ('{B}', {UDP_PORT})); print(s.recv(9))\" 2>&1; echo rc=$?"
+        )
+        udp = sbx.commands.run(udp_probe, user="root").stdout
+        assert "rc=0" not in udp, udp
         # An update applies at once, by address as well as by name.
         sbx.update_network({"allow_out": ["allowed.test", B], "deny_out": [ALL_TRAFFIC]})
         assert get(f"http://{B}/").startswith(B + " rc=0")
         assert "rc=0" not in get(f"http://{A}/")
+        assert "b'x'" in sbx.commands.run(udp_probe, user="root").stdout, "UDP to an allowed address"
         # Without names the proxy steps aside: everything is open again.
         sbx.update_network({})
         assert get(f"http://{A}/").startswith(A + " rc=0")

@@ -13,15 +13,18 @@ Run against a gateway (tests/e2b_dataplane.rs starts one):
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import socket
 import ssl
 import struct
+import threading
 import time
 from urllib.parse import urlparse
 
 import httpx
 import pytest
+from packaging.version import Version
 
 from e2b import Sandbox, SandboxException, SandboxNotFoundException
 
@@ -108,6 +111,25 @@ def test_base_has_python_pip_and_sudo_as_e2bs(sbx):
     # gVisor runs every process with no_new_privs, so setuid sudo cannot work there (README).
     if os.environ.get("SANDBOX_RUNTIME") != "gvisor":
         assert sbx.commands.run("sudo -n whoami", user="user").stdout == "root\n"
+
+
+def test_a_command_waited_on_when_its_sandbox_is_killed_says_so():
+    own = Sandbox.create(timeout=60)
+    h = own.commands.run("echo started; sleep 60", background=True)
+    time.sleep(0.3)
+    threading.Timer(0.5, own.kill).start()
+    t0 = time.time()
+    with pytest.raises(SandboxException) as e:
+        h.wait()
+    # The SDK asks envd's /health why the stream ended; a 502 naming the sandbox gone makes
+    # it the SDK's "not running" error, promptly, rather than a transport error. SDKs before
+    # that probe (2.50) call any broken stream a timeout.
+    assert time.time() - t0 < 10
+    if Version(importlib.metadata.version("e2b")) >= Version("2.63.0"):
+        assert "killed or reached its" in str(e.value), repr(e.value)
+    else:
+        assert "sandbox timeout" in str(e.value), repr(e.value)
+    assert not own.is_running()
 
 
 def test_a_paused_sandbox_is_not_running_until_connected():
