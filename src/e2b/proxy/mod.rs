@@ -27,7 +27,7 @@ use tokio::io::AsyncWriteExt;
 
 pub use credentials::{Access, Signed, sign};
 pub use target::{Target, target};
-use tunnel::{ProxyBody, TunnelError, Tunnels};
+use tunnel::{Buffered, ProxyBody, TunnelError, Tunnels, full_body};
 
 use super::E2b;
 use crate::httpx::Passthrough;
@@ -39,6 +39,9 @@ const ROUTE_TTL: Duration = Duration::from_secs(60);
 const BODY_CHUNKS: usize = 8;
 /// How long the rest of a body is read after the sandbox has answered without it.
 const DRAIN_FOR: Duration = Duration::from_secs(60);
+/// Bodies of idempotent requests up to this size are read whole before they are sent, so that
+/// the request can be sent again when a reused connection drops it.
+const REPLAYABLE_BODY: u64 = 64 * 1024;
 
 #[derive(Clone)]
 struct Route {
@@ -253,6 +256,27 @@ fn request_body(mut payload: web::Payload) -> ProxyBody {
         .boxed_unsync()
 }
 
+/// The declared length of an idempotent request's body when it is small enough to keep whole.
+fn small_idempotent_body(req: &HttpRequest) -> Option<u64> {
+    use actix_web::http::Method;
+    let idempotent = matches!(*req.method(), Method::PUT | Method::DELETE | Method::GET);
+    let len = header_str(req.headers(), "content-length")?.trim().parse::<u64>().ok()?;
+    (idempotent && len <= REPLAYABLE_BODY).then_some(len)
+}
+
+/// The whole body, which declared `len` bytes.
+async fn read_whole(mut payload: web::Payload, len: u64) -> Result<Bytes, String> {
+    let mut buf = bytes::BytesMut::with_capacity(len as usize);
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| format!("reading the request body: {e}"))?;
+        if (buf.len() + chunk.len()) as u64 > len {
+            return Err("the request body is longer than its Content-Length".into());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
 fn empty_body() -> ProxyBody {
     Empty::<Bytes>::new()
         .map_err(|never| match never {})
@@ -406,8 +430,18 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
         }
     }
     let upgrade = is_upgrade(&req);
+    let small = small_idempotent_body(&req);
+    let mut buffered = None;
     let (body, payload) = if upgrade || !has_body(&req) {
         (empty_body(), Some(payload))
+    } else if let Some(limit) = small {
+        match read_whole(payload, limit).await {
+            Ok(bytes) => {
+                buffered = Some(Buffered(bytes.clone()));
+                (full_body(bytes), None)
+            }
+            Err(why) => return answer(400, &target.published, &why),
+        }
     } else {
         (request_body(payload), None)
     };
@@ -417,10 +451,13 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
         .as_deref()
         .filter(|_| !target.is_envd())
         .map(|m| crate::model::mask::apply(m, target.port));
-    let upstream = match upstream_request(&req, body, agent_token, masked.as_deref()) {
+    let mut upstream = match upstream_request(&req, body, agent_token, masked.as_deref()) {
         Ok(r) => r,
         Err(why) => return answer(400, &target.published, &why),
     };
+    if let Some(b) = buffered {
+        upstream.extensions_mut().insert(b);
+    }
     let bearer = e2b.dispatcher.fleet_token().to_string();
     let sent = e2b
         .proxy

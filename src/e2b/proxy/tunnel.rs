@@ -21,6 +21,19 @@ use tokio::net::TcpStream;
 
 pub type ProxyBody = UnsyncBoxBody<Bytes, io::Error>;
 
+/// A request's whole body, kept beside it (as an extension) so that the request can be sent
+/// again if a reused connection drops it (see `replayable`).
+#[derive(Clone)]
+pub struct Buffered(pub Bytes);
+
+/// A body of `bytes`, as the proxy sends it.
+pub fn full_body(bytes: Bytes) -> ProxyBody {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const MAX_HEAD: usize = 16 * 1024;
 const IDLE_PER_TARGET: usize = 16;
@@ -304,7 +317,8 @@ impl Tunnels {
 }
 
 /// A copy of `req` to send again if a reused connection drops it: only for idempotent methods
-/// and an empty body, which is all that can be rebuilt and safely repeated.
+/// with an empty body or one kept whole beside the request (`Buffered`), which is all that can
+/// be rebuilt and safely repeated.
 fn replayable(req: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
     use http_body_util::BodyExt;
     use hyper::body::Body;
@@ -316,14 +330,19 @@ fn replayable(req: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
             | hyper::Method::DELETE
             | hyper::Method::PUT
     );
-    if !idempotent || !req.body().is_end_stream() {
+    let buffered = req.extensions().get::<Buffered>().cloned();
+    if !idempotent || (buffered.is_none() && !req.body().is_end_stream()) {
         return None;
     }
-    let mut copy = Request::new(
-        http_body_util::Empty::<Bytes>::new()
+    let mut copy = Request::new(match &buffered {
+        Some(b) => full_body(b.0.clone()),
+        None => http_body_util::Empty::<Bytes>::new()
             .map_err(|never| match never {})
             .boxed_unsync(),
-    );
+    });
+    if let Some(b) = buffered {
+        copy.extensions_mut().insert(b);
+    }
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
     *copy.version_mut() = req.version();
@@ -397,7 +416,7 @@ mod tests {
     }
 
     #[test]
-    fn only_idempotent_bodiless_requests_are_replayable() {
+    fn only_idempotent_requests_with_a_body_that_can_be_rebuilt_are_replayable() {
         use http_body_util::BodyExt;
         let copy = replayable(&request("DELETE", empty())).expect("DELETE without a body");
         assert_eq!(copy.method(), hyper::Method::DELETE);
@@ -415,6 +434,16 @@ mod tests {
             replayable(&request("PUT", streamed)).is_none(),
             "a body cannot be rebuilt"
         );
+        // A body kept whole beside the request is sent again as it was.
+        let mut kept = request("DELETE", full_body(Bytes::from_static(b"{\"a\":1}")));
+        kept.extensions_mut()
+            .insert(Buffered(Bytes::from_static(b"{\"a\":1}")));
+        let copy = replayable(&kept).expect("a kept body can be rebuilt");
+        let body = futures::executor::block_on(copy.into_body().collect()).unwrap();
+        assert_eq!(body.to_bytes(), Bytes::from_static(b"{\"a\":1}"));
+        let mut posted = request("POST", full_body(Bytes::from_static(b"x")));
+        posted.extensions_mut().insert(Buffered(Bytes::from_static(b"x")));
+        assert!(replayable(&posted).is_none(), "POST may act twice, body or not");
     }
 
     /// The case the replay is for: the server reads the request and closes without answering.
