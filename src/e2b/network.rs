@@ -1,7 +1,8 @@
 //! e2b's network options: the `network` object and `allow_internet_access` of a create, the
 //! `PUT /sandboxes/{id}/network` update, and how a sandbox's policy is reported. Egress lists
-//! of IPv4 addresses and CIDRs are enforced in the sandbox's network namespace; options that
-//! need a name-aware egress proxy are refused by name.
+//! of IPv4 addresses and CIDRs are enforced in the sandbox's network namespace, domain names by
+//! the node's egress proxy; what is not built yet (transforms, a bring-your-own proxy, HTTPS
+//! ports) is refused by name.
 
 use actix_web::{HttpResponse, web};
 
@@ -78,6 +79,7 @@ pub fn policy(
         allow_internet_access: allow_internet_access.or(cfg.allow_internet_access),
         allow_public_traffic: cfg.allow_public_traffic.unwrap_or(true),
         mask_request_host: cfg.mask_request_host.clone().filter(|m| !m.is_empty()),
+        dns_servers: cfg.dns_servers.clone(),
     };
     policy.validate().map_err(ApiError::from)?;
     Ok(policy)

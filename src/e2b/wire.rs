@@ -59,8 +59,9 @@ pub struct Sandbox {
 }
 
 /// e2b's `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (update): egress
-/// lists of IPv4 addresses and CIDRs, allow winning over deny. Domain entries, per-domain
-/// rules, an egress proxy, a host mask and HTTPS ports are refused (see README).
+/// lists of IPv4 addresses, CIDRs and (allow only) domain names, allow winning over deny, and
+/// the ingress options. Per-domain rules, an egress proxy and HTTPS ports are refused (see
+/// README).
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
@@ -68,7 +69,7 @@ pub struct NetworkConfig {
     pub deny_out: Option<Vec<String>>,
     /// Create only; false makes the sandbox's ports need its traffic access token.
     pub allow_public_traffic: Option<bool>,
-    /// Opened only for domain rules, which are refused; checked and otherwise ignored.
+    /// The resolvers reachable when `allowOut` names domains (unset: 8.8.8.8; `[]`: none).
     pub dns_servers: Option<Vec<String>>,
     #[schema(value_type = Option<Object>)]
     pub egress_proxy: Option<serde_json::Value>,

@@ -90,18 +90,23 @@ fn check_name(what: &str, entry: &str, name: &str) -> Result<()> {
     if name.parse::<std::net::IpAddr>().is_ok() {
         return bad("is an address, not a domain name");
     }
-    let label_ok = |l: &str| {
+    if !has_dns_labels(name) {
+        return bad("is not a domain name (only one leading \"*.\" wildcard is allowed)");
+    }
+    Ok(())
+}
+
+/// Whether `name` is dot-separated labels of letters, digits, '-' and '_', none empty, none
+/// longer than 63, none starting or ending with '-'.
+pub fn has_dns_labels(name: &str) -> bool {
+    name.split('.').all(|l| {
         !l.is_empty()
             && l.len() <= 63
             && !l.starts_with('-')
             && !l.ends_with('-')
             && l.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    };
-    if !name.split('.').all(label_ok) {
-        return bad("is not a domain name (only one leading \"*.\" wildcard is allowed)");
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -37,15 +37,7 @@ pub fn validate(mask: &str) -> Result<()> {
     if host.is_empty() || host.len() > 253 {
         return bad("the host must be 1 to 253 characters");
     }
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    };
-    if !host.split('.').all(label_ok) {
+    if !super::domains::has_dns_labels(host) {
         return bad(
             "the host must be a DNS name (letters, digits, '-' and '_' in dot-separated labels)",
         );

@@ -32,7 +32,14 @@ pub struct NetworkPolicy {
     /// standing for the port (the original host goes in `X-Forwarded-Host`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_request_host: Option<String>,
+    /// e2b's `dnsServers`: the resolvers a sandbox whose `allowOut` names domains may reach
+    /// (unset: 8.8.8.8, as e2b; empty: none). They do not change its `/etc/resolv.conf`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
 }
+
+/// The resolver a sandbox with domain rules may reach when it names none (e2b's default).
+pub const DEFAULT_DNS_SERVER: &str = "8.8.8.8";
 
 fn yes() -> bool {
     true
@@ -46,6 +53,7 @@ impl Default for NetworkPolicy {
             allow_internet_access: None,
             allow_public_traffic: true,
             mask_request_host: None,
+            dns_servers: None,
         }
     }
 }
@@ -130,17 +138,26 @@ impl NetworkPolicy {
         if deny.is_empty() {
             return Ok(None);
         }
-        let allow: Ranges = self
+        let names = self.names();
+        let mut allow: Ranges = self
             .allow_out
             .iter()
             .filter_map(|a| parse_entry("allowOut", a).ok())
             .collect();
+        if !names.is_empty() {
+            // As e2b: with names allowed, so are the resolvers that turn them into addresses.
+            let dns = self
+                .dns_servers
+                .clone()
+                .unwrap_or_else(|| vec![DEFAULT_DNS_SERVER.to_string()]);
+            allow.extend(dns.iter().filter_map(|d| parse_cidr(d)));
+        }
         let allow = intersect(&merge(allow), &deny);
         let deny = subtract(&deny, &allow);
         Ok(Some(Egress {
             allow: prefixes(&allow),
             deny: prefixes(&deny),
-            names: self.names(),
+            names,
         }))
     }
 }
@@ -359,7 +376,32 @@ mod tests {
         named.validate().unwrap();
         let e = named.egress().unwrap().unwrap();
         assert_eq!(e.names, vec!["pypi.org", "*.github.com"]);
-        assert_eq!(e.allow, vec!["1.1.1.1/32"]);
+        assert_eq!(
+            e.allow,
+            vec!["1.1.1.1/32", "8.8.8.8/32"],
+            "names bring e2b's resolver"
+        );
+        let own_dns = NetworkPolicy {
+            dns_servers: Some(vec!["9.9.9.9".into()]),
+            ..named.clone()
+        };
+        assert_eq!(
+            own_dns.egress().unwrap().unwrap().allow,
+            vec!["1.1.1.1/32", "9.9.9.9/32"]
+        );
+        let no_dns = NetworkPolicy {
+            dns_servers: Some(Vec::new()),
+            ..named
+        };
+        assert_eq!(no_dns.egress().unwrap().unwrap().allow, vec!["1.1.1.1/32"]);
+        let addresses_only = NetworkPolicy {
+            dns_servers: Some(vec!["9.9.9.9".into()]),
+            ..policy(&["1.1.1.1"], &[ALL_TRAFFIC])
+        };
+        assert_eq!(
+            addresses_only.egress().unwrap().unwrap().allow,
+            vec!["1.1.1.1/32"]
+        );
         assert!(err(&[], &["::/0"]).message.contains("IPv6"));
         assert!(err(&[], &["10.0.0.0/33"]).message.contains("not an IPv4"));
         assert!(err(&[], &[""]).message.contains("not an IPv4"));

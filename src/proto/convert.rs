@@ -617,6 +617,8 @@ impl From<&model::network::NetworkPolicy> for super::NetworkPolicy {
             allow_internet_access: n.allow_internet_access,
             private_traffic: !n.allow_public_traffic,
             mask_request_host: n.mask_request_host.clone(),
+            dns_servers: n.dns_servers.clone().unwrap_or_default(),
+            dns_servers_set: n.dns_servers.is_some(),
         }
     }
 }
@@ -629,6 +631,7 @@ impl From<super::NetworkPolicy> for model::network::NetworkPolicy {
             allow_internet_access: n.allow_internet_access,
             allow_public_traffic: !n.private_traffic,
             mask_request_host: n.mask_request_host,
+            dns_servers: n.dns_servers_set.then_some(n.dns_servers),
         }
     }
 }

@@ -260,7 +260,10 @@ fn request_body(mut payload: web::Payload) -> ProxyBody {
 fn small_idempotent_body(req: &HttpRequest) -> Option<u64> {
     use actix_web::http::Method;
     let idempotent = matches!(*req.method(), Method::PUT | Method::DELETE | Method::GET);
-    let len = header_str(req.headers(), "content-length")?.trim().parse::<u64>().ok()?;
+    let len = header_str(req.headers(), "content-length")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
     (idempotent && len <= REPLAYABLE_BODY).then_some(len)
 }
 

@@ -442,8 +442,13 @@ mod tests {
         let body = futures::executor::block_on(copy.into_body().collect()).unwrap();
         assert_eq!(body.to_bytes(), Bytes::from_static(b"{\"a\":1}"));
         let mut posted = request("POST", full_body(Bytes::from_static(b"x")));
-        posted.extensions_mut().insert(Buffered(Bytes::from_static(b"x")));
-        assert!(replayable(&posted).is_none(), "POST may act twice, body or not");
+        posted
+            .extensions_mut()
+            .insert(Buffered(Bytes::from_static(b"x")));
+        assert!(
+            replayable(&posted).is_none(),
+            "POST may act twice, body or not"
+        );
     }
 
     /// The case the replay is for: the server reads the request and closes without answering.

@@ -28,6 +28,9 @@ use crate::model::{Error, Result};
 const PEEK_FOR: Duration = Duration::from_secs(10);
 /// How long a dial may take.
 const DIAL_FOR: Duration = Duration::from_secs(15);
+/// Most connections one sandbox may have open through the proxy: each holds two of the node's
+/// descriptors, and a sandbox must not be able to take them all.
+pub const MAX_OPEN: usize = 1024;
 
 /// Where allowed connections go, and what they may never reach.
 #[derive(Debug, Default)]
@@ -282,6 +285,13 @@ fn serve(entry: Arc<Entry>, dialer: Arc<Dialer>, mut stream: TcpStream, key: u64
         // Not redirected here (someone inside dialled the listener itself): nothing to serve.
         return;
     };
+    if entry.open().len() >= MAX_OPEN {
+        tracing::warn!(
+            max = MAX_OPEN,
+            "a sandbox has too many connections through the egress proxy; refusing one"
+        );
+        return;
+    }
     let rules = entry.rules();
     let weak = Arc::downgrade(&entry);
     // The task starts once it is registered, so that its own removal comes after.
