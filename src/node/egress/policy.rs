@@ -52,32 +52,10 @@ impl Rules {
         })
     }
 
-    /// The rules of `policy`; `None` when it restricts nothing (every connection leaves).
+    /// The rules of `policy` (through `NetworkPolicy::egress`, the one place that reads it);
+    /// `None` when it restricts nothing (every connection leaves).
     pub fn of(policy: &NetworkPolicy) -> Result<Option<Rules>> {
-        let mut rules = Rules::default();
-        for entry in &policy.allow_out {
-            match parse_cidr(entry) {
-                Some(r) => rules.allow.push(r),
-                None => rules.names.push(Pattern::parse("network.allowOut", entry)?),
-            }
-        }
-        for entry in &policy.deny_out {
-            rules.deny.push(parse_cidr(entry).ok_or_else(|| {
-                Error::invalid(format!(
-                    "network.denyOut: {entry:?} is not an IPv4 address or CIDR"
-                ))
-            })?);
-        }
-        if policy.allow_internet_access == Some(false) {
-            rules.deny.push((0, u32::MAX));
-        }
-        rules.allow = merge(rules.allow);
-        rules.deny = merge(rules.deny);
-        if rules.deny.is_empty() {
-            // Nothing is denied, so nothing needs allowing.
-            return Ok(None);
-        }
-        Ok(Some(rules))
+        policy.egress()?.map(|e| Rules::from_egress(&e)).transpose()
     }
 
     /// The verdict on a connection to `dst` that carries `name` (an HTTP `Host` or a TLS SNI,
@@ -125,7 +103,13 @@ mod tests {
     #[test]
     fn no_denial_means_no_rules() {
         assert_eq!(rules(&[], &[]), None);
-        assert_eq!(rules(&["1.1.1.1", "pypi.org"], &[]), None);
+        assert_eq!(rules(&["1.1.1.1"], &[]), None);
+        // A name is only ever an exception to denying everything (e2b's 400 otherwise).
+        let named = NetworkPolicy {
+            allow_out: vec!["pypi.org".into()],
+            ..Default::default()
+        };
+        assert!(Rules::of(&named).is_err());
         let closed = Rules::of(&NetworkPolicy {
             allow_internet_access: Some(false),
             ..Default::default()

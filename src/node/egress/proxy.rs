@@ -209,11 +209,6 @@ impl Proxies {
             }
         }
     }
-
-    /// Whether the instance has a proxy (for the tests of the runtime).
-    pub fn serves(&self, id: &str) -> bool {
-        self.entries().contains_key(id)
-    }
 }
 
 /// A listener on 127.0.0.1 (a free port) inside the network namespace at `netns`. A thread of
