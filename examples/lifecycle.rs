@@ -145,7 +145,7 @@ async fn advertised_pool(client: &kube::Client) -> Res<(String, String)> {
 /// delete one; the e2b half does when it runs).
 async fn kubernetes(args: &Args) -> Res<String> {
     println!("=== Kubernetes API ===");
-    sandbox_gateway::facade::tls::install_crypto();
+    sandbox_gateway::tlsx::install_crypto();
     let client = sandbox_gateway::cluster::client(Some(&args.kubeconfig), "--kubeconfig").await?;
     let t = Instant::now();
     let (template, net) = advertised_pool(&client).await?;

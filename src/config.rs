@@ -334,6 +334,13 @@ pub struct NodeArgs {
     pub no_cold_start: bool,
     #[command(flatten)]
     pub sandboxes: SandboxArgs,
+    /// The gateway's secrets directory (shared storage), for the egress proxy's header rules
+    /// that name `${e2b.secrets.NAME}`; without it such rules answer 502 inside the sandbox.
+    #[arg(long, requires = "secrets_key_file")]
+    pub secrets_dir: Option<PathBuf>,
+    /// The key that seals those secrets (the gateway's `--secrets-key-file`).
+    #[arg(long, requires = "secrets_dir")]
+    pub secrets_key_file: Option<PathBuf>,
     /// Cluster mode: publish this node's NodeInventory object (server-side apply).
     #[arg(long)]
     pub publish_inventory: bool,
@@ -387,6 +394,10 @@ pub struct SandboxArgs {
     /// names an allow-list may name; the tests' servers); repeatable.
     #[arg(long = "egress-host", value_name = "NAME=IP")]
     pub egress_hosts: Vec<String>,
+    /// A PEM file of CA certificates the egress proxy trusts, besides the node's own, when it
+    /// forwards a request whose headers a rule sets (an internal API's CA); repeatable.
+    #[arg(long = "egress-ca-file", value_name = "PEM")]
+    pub egress_ca_files: Vec<PathBuf>,
     /// How long a sandbox may take to boot or restore, in seconds; past it the claim answers
     /// "no capacity" (503, Retry-After) and the dispatcher tries another node.
     #[arg(long = "boot-timeout-seconds", value_name = "SECONDS", value_parser = parse_seconds, default_value = "15")]
@@ -510,6 +521,17 @@ impl SandboxArgs {
                             "--egress-host {h:?}: expected NAME=IPv4"
                         ))
                     })
+            })
+            .collect::<crate::model::Result<_>>()?;
+        node.egress_trust = self
+            .egress_ca_files
+            .iter()
+            .map(|f| {
+                let pem = std::fs::read_to_string(f).map_err(|e| {
+                    crate::model::Error::io(format!("--egress-ca-file {}", f.display()), e)
+                })?;
+                crate::tlsx::parse_certs(pem.as_bytes())?;
+                Ok(pem)
             })
             .collect::<crate::model::Result<_>>()?;
         node.boot_timeout = self.boot_timeout;

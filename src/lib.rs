@@ -18,3 +18,4 @@ pub mod proto;
 pub mod sandbox;
 pub mod secrets;
 pub mod templates;
+pub mod tlsx;

@@ -74,6 +74,16 @@ async fn run_node(args: NodeArgs) -> Result<()> {
     let mut node = NodeConfig::new(args.name.clone().unwrap_or_else(host_name), &args.data_dir);
     node.pools = args.pools.clone();
     args.sandboxes.apply(&mut node)?;
+    if let (Some(dir), Some(key)) = (&args.secrets_dir, &args.secrets_key_file) {
+        if !key.exists() {
+            return Err(Error::invalid(format!(
+                "--secrets-key-file {}: no such file (a node reads the gateway's key, it never makes one)",
+                key.display()
+            )));
+        }
+        let (store, _) = sandbox_gateway::secrets::SecretStore::open(dir, key)?;
+        node.secrets = Some(std::sync::Arc::new(store));
+    }
     node.lease = args.lease();
     node.fork_limit = args.fork_limit;
     node.max_sandboxes = args.max_sandboxes;

@@ -7,7 +7,9 @@
 //! namespace of the test's own, where the servers listen on two documentation addresses
 //! (TEST-NET-2) of the namespace's loopback. A node blocks its host's own addresses by default;
 //! `--sandbox-reachable` exempts these two, so a sandbox reaches them through its user-mode
-//! network exactly as it would reach the internet, and nothing leaves the machine.
+//! network exactly as it would reach the internet, and nothing leaves the machine. The hosts
+//! of header rules are HTTPS servers there, with certificates from a CA made here that the
+//! node trusts (`--egress-ca-file`); the names are resolved by the node's `--egress-host` map.
 
 mod common;
 
@@ -28,6 +30,20 @@ fn scenarios_in_private_network(
     let root = root.to_path_buf();
     std::thread::spawn(move || {
         private_network(&[SERVER_A, SERVER_B]);
+        // The "real" hosts of header rules: HTTPS servers with certificates from a CA the
+        // node is told to trust, and one from a CA nobody trusts.
+        let upstream_ca = certs::ca("test-upstream-ca");
+        let pem = |name: &str, text: &str| {
+            let path = root.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let ca_file = pem("upstream-ca.pem", &upstream_ca.pem);
+        let (cert, key) = certs::named(&upstream_ca, &["api.secure.test", "bare.secure.test"]);
+        let (trusted_cert, trusted_key) = (pem("trusted.crt", &cert), pem("trusted.key", &key));
+        let (cert, key) = certs::named(&certs::ca("nobodys-ca"), &["untrusted.secure.test"]);
+        let (untrusted_cert, untrusted_key) =
+            (pem("untrusted.crt", &cert), pem("untrusted.key", &key));
         let mut gw = Gateway::start(
             &root,
             &[
@@ -44,6 +60,16 @@ fn scenarios_in_private_network(
                 "x.apps.test=198.51.100.7",
                 "--egress-host",
                 "private.test=127.0.0.1",
+                "--egress-host",
+                "api.secure.test=198.51.100.7",
+                "--egress-host",
+                "bare.secure.test=198.51.100.7",
+                "--egress-host",
+                "plain.test=198.51.100.7",
+                "--egress-host",
+                "untrusted.secure.test=198.51.100.8",
+                "--egress-ca-file",
+                &ca_file,
             ],
         );
         let env = vec![
@@ -52,6 +78,10 @@ fn scenarios_in_private_network(
             ("SERVER_A", SERVER_A.to_string()),
             ("SERVER_B", SERVER_B.to_string()),
             ("RUNTIME", runtime.to_string()),
+            ("TRUSTED_CERT", trusted_cert),
+            ("TRUSTED_KEY", trusted_key),
+            ("UNTRUSTED_CERT", untrusted_cert),
+            ("UNTRUSTED_KEY", untrusted_key),
         ];
         scenarios::pytest("2.63.0", &["network_scenarios.py"], &[], &env, &[]);
         if js {

@@ -52,7 +52,7 @@ async fn review(state: web::Data<Arc<FakeApiserver>>, body: web::Json<Value>) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn front_proxy_identity_and_subject_access_reviews() {
-    sandbox_gateway::facade::tls::install_crypto();
+    sandbox_gateway::tlsx::install_crypto();
     let (tmp, _) = workspace();
     let cluster_ca = ca("fake-cluster-ca");
     let front_proxy_ca = ca("front-proxy-ca");

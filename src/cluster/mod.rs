@@ -20,7 +20,7 @@ use crate::model::{Error, Result};
 /// A client for the cluster: from a kubeconfig file, else the in-cluster service account
 /// (or `$KUBECONFIG`). `purpose` names the flag that needs it, for the error message.
 pub async fn client(kubeconfig: Option<&Path>, purpose: &str) -> Result<kube::Client> {
-    crate::facade::tls::install_crypto();
+    crate::tlsx::install_crypto();
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)

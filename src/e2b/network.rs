@@ -1,8 +1,8 @@
 //! e2b's network options: the `network` object and `allow_internet_access` of a create, the
 //! `PUT /sandboxes/{id}/network` update, and how a sandbox's policy is reported. Egress lists
-//! of IPv4 addresses and CIDRs are enforced in the sandbox's network namespace, domain names by
-//! the node's egress proxy; what is not built yet (transforms, a bring-your-own proxy, HTTPS
-//! ports) is refused by name.
+//! of IPv4 addresses and CIDRs are enforced in the sandbox's network namespace, domain names and
+//! per-host header rules by the node's egress proxy; what is not built (a bring-your-own proxy,
+//! HTTPS ports) is refused by name.
 
 use actix_web::{HttpResponse, web};
 
@@ -41,16 +41,6 @@ pub fn policy(
             "outbound traffic leaves through the sandbox's node",
         );
     }
-    if cfg
-        .rules
-        .as_ref()
-        .is_some_and(|v| v.as_object().is_none_or(|o| !o.is_empty()))
-    {
-        return refuse(
-            "rules",
-            "per-domain request transforms need a name-aware egress proxy",
-        );
-    }
     if cfg.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
         return refuse(
             "httpsPorts",
@@ -73,6 +63,16 @@ pub fn policy(
             )));
         }
     }
+    let rules = match cfg.rules.as_ref().filter(|v| !v.is_null()) {
+        None => Default::default(),
+        Some(v) => crate::model::transforms::normalized(
+            serde_json::from_value(v.clone()).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "network.rules must map hosts to lists of {{\"transform\": {{\"headers\": {{name: value}}}}}}: {e}"
+                ))
+            })?,
+        ),
+    };
     let policy = NetworkPolicy {
         allow_out: cfg.allow_out.clone().unwrap_or_default(),
         deny_out: cfg.deny_out.clone().unwrap_or_default(),
@@ -80,6 +80,7 @@ pub fn policy(
         allow_public_traffic: cfg.allow_public_traffic.unwrap_or(true),
         mask_request_host: cfg.mask_request_host.clone().filter(|m| !m.is_empty()),
         dns_servers: cfg.dns_servers.clone(),
+        rules,
     };
     policy.validate().map_err(ApiError::from)?;
     Ok(policy)
@@ -99,6 +100,7 @@ pub fn info(record: &SandboxRecord) -> Option<wire::NetworkInfo> {
         && n.deny_out.is_empty()
         && n.allow_public_traffic
         && n.mask_request_host.is_none()
+        && n.rules.is_empty()
     {
         return None;
     }
@@ -107,6 +109,8 @@ pub fn info(record: &SandboxRecord) -> Option<wire::NetworkInfo> {
         deny_out: n.deny_out.clone(),
         allow_public_traffic: n.allow_public_traffic,
         mask_request_host: n.mask_request_host.clone(),
+        dns_servers: n.dns_servers.clone(),
+        rules: n.rules.clone(),
     })
 }
 
@@ -180,7 +184,15 @@ mod tests {
                 serde_json::json!({"egressProxy": {"address": "p:1080"}}),
                 "egressProxy",
             ),
-            (serde_json::json!({"rules": {"a.com": []}}), "rules"),
+            (serde_json::json!({"rules": {"*": [{}]}}), "network.rules"),
+            (
+                serde_json::json!({"rules": {"a.com": "x"}}),
+                "network.rules",
+            ),
+            (
+                serde_json::json!({"rules": {"a.com": [{"transform": {"headers": {"X": "${e2b.identity.tokens.t}"}}}]}}),
+                "identity",
+            ),
             (
                 serde_json::json!({"maskRequestHost": "x.example.com:port"}),
                 "maskRequestHost",
@@ -204,5 +216,24 @@ mod tests {
             .is_ok(),
             "empty values ask for nothing"
         );
+    }
+
+    #[test]
+    fn rules_are_kept_with_their_hosts_lowercased() {
+        let p = policy(
+            Some(&cfg(serde_json::json!({"rules": {
+                "API.Example.com": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.key}"}}}]
+            }}))),
+            None,
+        )
+        .unwrap();
+        let headers = &p.rules["api.example.com"][0]
+            .transform
+            .as_ref()
+            .unwrap()
+            .headers;
+        assert_eq!(headers["Authorization"], "Bearer ${e2b.secrets.key}");
+        let egress = p.egress().unwrap().expect("headers to set need the proxy");
+        assert!(egress.needs_proxy() && egress.deny.is_empty());
     }
 }

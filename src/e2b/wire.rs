@@ -60,8 +60,8 @@ pub struct Sandbox {
 
 /// e2b's `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (update): egress
 /// lists of IPv4 addresses, CIDRs and (allow only) domain names, allow winning over deny, and
-/// the ingress options. Per-domain rules, an egress proxy and HTTPS ports are refused (see
-/// README).
+/// the ingress options, and per-host `rules` whose headers the egress proxy sets. An egress
+/// proxy of the caller's own and HTTPS ports are refused (see README).
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
@@ -75,6 +75,8 @@ pub struct NetworkConfig {
     pub egress_proxy: Option<serde_json::Value>,
     pub mask_request_host: Option<String>,
     pub https_ports: Option<Vec<u32>>,
+    /// Per host (`api.example.com`, `*.example.com`): `[{"transform": {"headers": {...}}}]`,
+    /// header values may name the team's secrets as `${e2b.secrets.NAME}`.
     #[schema(value_type = Option<Object>)]
     pub rules: Option<serde_json::Value>,
     /// Update only (snake_case on the wire, as the SDKs send it): false denies all egress.
@@ -91,6 +93,11 @@ pub struct NetworkInfo {
     pub allow_public_traffic: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mask_request_host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(value_type = Object)]
+    pub rules: BTreeMap<String, Vec<crate::model::transforms::Rule>>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -87,6 +87,8 @@ struct InitBody {
     default_user: Option<String>,
     default_workdir: Option<String>,
     hostname: Option<String>,
+    /// The egress proxy's CA, to trust (see `cacerts`).
+    ca_bundle: Option<String>,
 }
 
 fn set_hostname(name: &str) {
@@ -121,6 +123,19 @@ async fn init(
             HttpError::new(StatusCode::BAD_REQUEST, format!("invalid /init body: {e}"))
         })?
     };
+    if let Some(pem) = b.ca_bundle.clone().filter(|p| !p.trim().is_empty()) {
+        tokio::task::spawn_blocking(move || super::cacerts::install(&pem))
+            .await
+            .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(|e| {
+                let status = if e.kind() == std::io::ErrorKind::InvalidInput {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                };
+                HttpError::new(status, format!("trusting the egress CA: {e}"))
+            })?;
+    }
     if let Some(h) = b
         .hostname
         .as_deref()

@@ -3,6 +3,7 @@
 //! envd's plain HTTP routes). See README.md, "The e2b data plane (envd)".
 
 pub mod auth;
+pub mod cacerts;
 pub mod creds;
 mod drain;
 pub mod encoding;

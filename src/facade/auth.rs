@@ -164,7 +164,7 @@ impl Auth {
         client: kube::Client,
     ) -> Result<Self> {
         let cfg = cfg.with_defaults();
-        crate::facade::tls::install_crypto();
+        crate::tlsx::install_crypto();
         let roots = super::tls::roots(&[&cfg.requestheader_ca])?;
         let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
             .build()

@@ -11,10 +11,11 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 use rustls::server::WebPkiClientVerifier;
 
 use crate::model::{Error, Result};
+use crate::tlsx::{install_crypto, parse_certs};
 
 #[derive(Debug, Clone)]
 pub struct TlsConfig {
@@ -40,11 +41,6 @@ fn tls_err(what: impl std::fmt::Display) -> impl FnOnce(rcgen::Error) -> Error {
 
 pub fn ca_paths(dir: &Path) -> (PathBuf, PathBuf) {
     (dir.join("ca.crt"), dir.join("ca.key"))
-}
-
-/// Installs the process-wide rustls crypto provider (ring) once.
-pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn load_or_create_ca(dir: &Path) -> Result<(String, KeyPair)> {
@@ -122,15 +118,6 @@ fn serving_cert(ca_pem: &str, ca_key: &KeyPair, dns_names: &[String]) -> Result<
         .signed_by(&key, &issuer)
         .map_err(tls_err("signing the serving certificate"))?;
     Ok((cert.pem(), key))
-}
-
-pub fn parse_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
-    let certs: std::result::Result<Vec<_>, _> = rustls_pemfile::certs(&mut &pem[..]).collect();
-    let certs = certs.map_err(|e| Error::invalid(format!("parsing PEM certificates: {e}")))?;
-    if certs.is_empty() {
-        return Err(Error::invalid("no certificate found in PEM data"));
-    }
-    Ok(certs)
 }
 
 fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>> {

@@ -231,11 +231,13 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let token = fleet_token(&cfg)?;
     let (keys, key_notes) = api_keys(&cfg)?;
     let tokens = envd_tokens(&cfg)?;
+    let secrets = secret_store(&cfg)?;
 
     let embedded: Option<RunningNode> = if !cfg.remote_nodes() {
         let mut node = NodeConfig::new("embedded", cfg.data_dir.join("node"));
         node.pools = cfg.pools.clone();
         cfg.sandboxes.apply(&mut node)?;
+        node.secrets = Some(secrets.clone());
         let running = daemon::start(DaemonConfig {
             node,
             listen: "127.0.0.1:0".into(),
@@ -341,7 +343,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         idempotency: Default::default(),
         proxy: Default::default(),
         upload_max_bytes: cfg.sandboxes.template_upload_max_mib << 20,
-        secrets: secret_store(&cfg)?,
+        secrets,
     });
     let metrics_data = web::Data::new(metrics.clone());
     let server = HttpServer::new(move || {

@@ -2,10 +2,12 @@
 //! addresses and CIDRs, internet on or off, public ports or token-guarded ones), validated
 //! once, and reduced to the two address sets a sandbox's firewall enforces.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
+use super::transforms::Rule;
 use super::{Error, Result};
 
 /// e2b's "all traffic" (`ALL_TRAFFIC` in the SDKs).
@@ -36,6 +38,10 @@ pub struct NetworkPolicy {
     /// (unset: 8.8.8.8, as e2b; empty: none). They do not change its `/etc/resolv.conf`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_servers: Option<Vec<String>>,
+    /// e2b's `rules`: per host, the headers the egress proxy sets on its HTTP(S) requests
+    /// (keys lowercased). They grant no access of their own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rules: BTreeMap<String, Vec<Rule>>,
 }
 
 /// The resolver a sandbox with domain rules may reach when it names none (e2b's default).
@@ -54,13 +60,14 @@ impl Default for NetworkPolicy {
             allow_public_traffic: true,
             mask_request_host: None,
             dns_servers: None,
+            rules: BTreeMap::new(),
         }
     }
 }
 
 /// The addresses a sandbox's firewall lets out (`allow`, which wins) and turns away (`deny`),
 /// as disjoint, merged CIDR prefixes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Egress {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
@@ -68,6 +75,20 @@ pub struct Egress {
     /// which sees the name a connection carries, can allow by them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<String>,
+    /// Hosts whose HTTP(S) requests get headers (`NetworkPolicy::rules`): only those that set
+    /// some, since a host is intercepted only to set them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub transforms: BTreeMap<String, Vec<Rule>>,
+    /// Whose secrets the transforms' placeholders name (the sandbox's tenant), set by the node.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tenant: String,
+}
+
+impl Egress {
+    /// Whether connections must pass the egress proxy: it alone sees names and sets headers.
+    pub fn needs_proxy(&self) -> bool {
+        !self.names.is_empty() || !self.transforms.is_empty()
+    }
 }
 
 impl NetworkPolicy {
@@ -76,6 +97,7 @@ impl NetworkPolicy {
         if let Some(mask) = &self.mask_request_host {
             super::mask::validate(mask)?;
         }
+        super::transforms::validate(&self.rules)?;
         for (field, list) in [("allowOut", &self.allow_out), ("denyOut", &self.deny_out)] {
             if list.len() > MAX_RULES {
                 return Err(Error::invalid(format!(
@@ -135,8 +157,16 @@ impl NetworkPolicy {
             deny.push((0, u32::MAX));
         }
         let deny = merge(deny);
+        let transforms = super::transforms::intercepted(&self.rules);
         if deny.is_empty() {
-            return Ok(None);
+            // Headers to set still need the proxy, though every address may be reached.
+            return Ok((!transforms.is_empty()).then(|| Egress {
+                allow: Vec::new(),
+                deny: Vec::new(),
+                names: Vec::new(),
+                transforms,
+                tenant: String::new(),
+            }));
         }
         let names = self.names();
         let mut allow: Ranges = self
@@ -158,6 +188,8 @@ impl NetworkPolicy {
             allow: prefixes(&allow),
             deny: prefixes(&deny),
             names,
+            transforms,
+            tenant: String::new(),
         }))
     }
 }

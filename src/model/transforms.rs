@@ -172,6 +172,32 @@ pub fn normalized(rules: BTreeMap<String, Vec<Rule>>) -> BTreeMap<String, Vec<Ru
         .collect()
 }
 
+/// The rules an egress proxy must act on: all of them when some rule sets headers (a host's
+/// own rule wins over a wildcard's even when it sets none), else none.
+pub fn intercepted(rules: &BTreeMap<String, Vec<Rule>>) -> BTreeMap<String, Vec<Rule>> {
+    let sets_any = rules
+        .values()
+        .flatten()
+        .any(|r| r.transform.as_ref().is_some_and(|t| !t.headers.is_empty()));
+    if sets_any {
+        rules.clone()
+    } else {
+        BTreeMap::new()
+    }
+}
+
+/// The headers requests to `host` get, if its rule (see `lookup`) sets any.
+pub fn headers_for<'a>(
+    rules: &'a BTreeMap<String, Vec<Rule>>,
+    host: &str,
+) -> Option<&'a BTreeMap<String, String>> {
+    lookup(rules, host)?
+        .iter()
+        .filter_map(|r| r.transform.as_ref())
+        .map(|t| &t.headers)
+        .find(|h| !h.is_empty())
+}
+
 /// The rules for `host`: its exact key, else the longest wildcard key that matches it.
 pub fn lookup<'a>(rules: &'a BTreeMap<String, Vec<Rule>>, host: &str) -> Option<&'a [Rule]> {
     let host = super::domains::normalize_host(host);
@@ -292,5 +318,25 @@ mod tests {
         assert_eq!(k("other.example.com").as_deref(), Some("short"));
         assert_eq!(k("example.com"), None, "a wildcard never names its apex");
         assert_eq!(k("example.org"), None);
+    }
+
+    #[test]
+    fn a_hosts_own_rule_wins_even_when_it_sets_nothing() {
+        let r = rules(serde_json::json!({
+            "quiet.example.com": [{}],
+            "*.example.com": [{"transform": {"headers": {"K": "v"}}}],
+        }));
+        let r = intercepted(&r);
+        assert_eq!(r.len(), 2);
+        assert!(headers_for(&r, "quiet.example.com").is_none());
+        assert_eq!(
+            headers_for(&r, "loud.example.com").map(|h| h["K"].as_str()),
+            Some("v")
+        );
+        let none = rules(serde_json::json!({"a.example": [{}], "b.example": [{"transform": {}}]}));
+        assert!(
+            intercepted(&none).is_empty(),
+            "nothing to set: nothing intercepted"
+        );
     }
 }

@@ -39,6 +39,11 @@ pub struct NodeConfig {
     pub sandbox_reachable: Vec<String>,
     /// Names the egress proxy resolves itself (`--egress-host`).
     pub egress_hosts: Vec<(String, std::net::Ipv4Addr)>,
+    /// CA certificates (PEM) the egress proxy trusts besides the node's (`--egress-ca-file`).
+    pub egress_trust: Vec<String>,
+    /// The tenants' secrets, for the egress proxy's header rules (the gateway's own store for
+    /// its embedded node; `--secrets-dir` for a node of its own).
+    pub secrets: Option<std::sync::Arc<crate::secrets::SecretStore>>,
     /// How long a sandbox may take to boot (or restore) before the node gives up on it and
     /// answers "no capacity": on an overloaded host, another node or a later retry will do.
     pub boot_timeout: Duration,
@@ -125,6 +130,8 @@ impl NodeConfig {
             paused_retention: Duration::from_secs(DEFAULT_PAUSED_RETENTION_SECONDS),
             sandbox_reachable: Vec::new(),
             egress_hosts: Vec::new(),
+            egress_trust: Vec::new(),
+            secrets: None,
             boot_timeout: BOOT_TIMEOUT,
             service_timeout: SERVICE_TIMEOUT,
             template_upload_max_bytes: DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES,

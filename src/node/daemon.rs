@@ -100,6 +100,8 @@ fn pick_runtime(
                     node_lock: paths.lock.clone(),
                     reachable: node.sandbox_reachable.clone(),
                     egress_hosts: node.egress_hosts.clone(),
+                    secrets: node.secrets.clone(),
+                    egress_trust: node.egress_trust.clone(),
                 },
             )?)))
         }

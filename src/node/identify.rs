@@ -1,7 +1,8 @@
 //! Gives a claimed instance its identity: the node posts envd's `/init` to the instance's agent
 //! (through the runtime's dial, authenticated with the instance's boot secret) with the
 //! sandbox's access token, its environment (the template's, then the claim's), its default
-//! user and working directory, and its hostname. Warm claims answer before this finishes; the
+//! user and working directory, its hostname, and the CA its egress proxy intercepts with when
+//! its rules set headers. Warm claims answer before this finishes; the
 //! data plane waits for it.
 
 use std::collections::BTreeMap;
@@ -39,6 +40,16 @@ struct InitBody<'a> {
     default_user: &'a str,
     default_workdir: &'a str,
     hostname: String,
+    /// The CA the sandbox's egress proxy intercepts with, when its rules set headers (envd
+    /// adds it to the system's trusted certificates).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_bundle: Option<String>,
+}
+
+/// A sandbox needs its proxy's CA once its rules set headers on some host's requests.
+fn intercepts(record: &SandboxRecord) -> bool {
+    record.key.net == "egress"
+        && !crate::model::transforms::intercepted(&record.network.rules).is_empty()
 }
 
 /// One HTTP/1.1 POST to the agent over a dialed connection.
@@ -106,11 +117,36 @@ impl<R: Runtime> Node<R> {
             default_user: template.meta.user.as_deref().unwrap_or("user"),
             default_workdir: template.meta.workdir.as_deref().unwrap_or("/home/user"),
             hostname: ids::dns_safe(&record.id),
+            ca_bundle: if intercepts(record) {
+                Some(self.inner.runtime.egress_ca(inst)?)
+            } else {
+                None
+            },
         };
         let body = serde_json::to_vec(&body)
             .map_err(|e| Error::internal(format!("encoding /init: {e}")))?;
         let stream = self.inner.runtime.dial(inst, ENVD_PORT).await?;
         post_init(stream, &self.inner.runtime.init_token(inst), body).await
+    }
+
+    /// Makes a running sandbox trust its egress proxy's CA when `record` (its policy about to
+    /// be put in force) sets headers, before any connection is intercepted. Installing it again
+    /// changes nothing.
+    pub(super) async fn trust_egress_ca(
+        &self,
+        record: &SandboxRecord,
+        inst: &Instance<R::Handle>,
+    ) -> Result<()> {
+        if !intercepts(record) {
+            return Ok(());
+        }
+        let body = serde_json::json!({ "caBundle": self.inner.runtime.egress_ca(inst)? });
+        let stream = self.inner.runtime.dial(inst, ENVD_PORT).await?;
+        let token = self.inner.runtime.init_token(inst);
+        let send = post_init(stream, &token, body.to_string().into_bytes());
+        tokio::time::timeout(INIT_TIMEOUT, send)
+            .await
+            .unwrap_or_else(|_| Err(Error::unavailable("the agent's /init timed out")))
     }
 
     /// Waits until the sandbox's agent has its identity (or says why it never will).

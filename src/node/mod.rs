@@ -184,6 +184,11 @@ pub struct ClaimSpec {
 }
 
 impl ClaimSpec {
+    /// The namespace (tenant) the claim is made for.
+    pub fn namespace(&self) -> &str {
+        model::sandbox::split_claim_ref(&self.claim_ref).0
+    }
+
     fn validate(&self) -> Result<()> {
         model::sandbox::validate_claim_ref(&self.claim_ref)?;
         self.network.validate()?;

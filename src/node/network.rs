@@ -11,12 +11,17 @@ impl<R: Runtime> Node<R> {
     /// The rules `policy` asks for on a sandbox of `key`: none without a network of its own
     /// (nothing leaves one anyway) or when nothing is denied. A policy that needs rules on a
     /// node that cannot enforce them is refused before anything is claimed.
+    /// `tenant` (the claim's namespace) is whose secrets the rules' headers may name.
     pub(super) fn egress_for(
         &self,
         key: &PoolKey,
         policy: &NetworkPolicy,
+        tenant: &str,
     ) -> Result<Option<Egress>> {
-        let rules = policy.egress()?;
+        let mut rules = policy.egress()?;
+        if let Some(r) = &mut rules {
+            r.tenant = tenant.to_string();
+        }
         if key.net != "egress" {
             if !policy.denies_everything() && rules.is_some() {
                 return Err(Error::invalid(format!(
@@ -31,11 +36,9 @@ impl<R: Runtime> Node<R> {
                 self.name()
             )));
         }
-        if rules.as_ref().is_some_and(|r| !r.names.is_empty())
-            && !self.inner.runtime.proxies_egress()
-        {
+        if rules.as_ref().is_some_and(|r| r.needs_proxy()) && !self.inner.runtime.proxies_egress() {
             return Err(Error::invalid(format!(
-                "domain names in network.allowOut need an egress proxy, which node {:?} does not have on its {} runtime yet; give IPv4 addresses or CIDRs",
+                "domain names in network.allowOut and header rules in network.rules need an egress proxy, which node {:?} does not have on its {} runtime yet; give IPv4 addresses or CIDRs",
                 self.name(),
                 self.inner.runtime.name()
             )));
@@ -84,8 +87,14 @@ impl<R: Runtime> Node<R> {
                 "sandbox {id} was created without internet access (allow_internet_access: false), so it has no network to open; create it with internet access and a denyOut list to change its egress later"
             )));
         }
-        let rules = self.egress_for(&current.key, &policy)?;
+        let rules = self.egress_for(&current.key, &policy, current.namespace())?;
         if current.key.net == "egress" {
+            // The sandbox trusts the proxy's CA before the proxy intercepts anything.
+            let next = SandboxRecord {
+                network: policy.clone(),
+                ..current.clone()
+            };
+            self.trust_egress_ca(&next, &inst).await?;
             // Lifting every rule is a change too: the old table must go.
             self.inner.runtime.set_egress(&inst, rules.as_ref()).await?;
         }

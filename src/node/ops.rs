@@ -19,7 +19,7 @@ impl<R: Runtime> Node<R> {
     /// Returns the record (with its token) and whether it came warm.
     pub async fn claim(&self, key: &PoolKey, spec: ClaimSpec) -> Result<(SandboxRecord, bool)> {
         spec.validate()?;
-        let egress = self.egress_for(key, &spec.network)?;
+        let egress = self.egress_for(key, &spec.network, spec.namespace())?;
         let template = 'pick: {
             let mut st = self.state();
             if st.closing {
@@ -106,7 +106,7 @@ impl<R: Runtime> Node<R> {
                 return Err(e);
             }
         };
-        let egress = match self.egress_for(&ck.key, &spec.network) {
+        let egress = match self.egress_for(&ck.key, &spec.network, spec.namespace()) {
             Ok(e) => e,
             Err(e) => {
                 self.state().booting_for_claims -= 1;
@@ -358,7 +358,7 @@ impl<R: Runtime> Node<R> {
         let parent = self.record_of(id)?;
         let template = self.template(&parent.key.template)?;
         // Children keep their parent's policy, in force before their first instruction.
-        let egress = self.egress_for(&parent.key, &parent.network)?;
+        let egress = self.egress_for(&parent.key, &parent.network, parent.namespace())?;
         self.reserve(&mut self.state(), count)?;
         let scratch = self.inner.paths.scratch.join(ids::new_instance_id());
         let captured = self

@@ -619,6 +619,24 @@ impl From<&model::network::NetworkPolicy> for super::NetworkPolicy {
             mask_request_host: n.mask_request_host.clone(),
             dns_servers: n.dns_servers.clone().unwrap_or_default(),
             dns_servers_set: n.dns_servers.is_some(),
+            rules: n
+                .rules
+                .iter()
+                .map(|(host, rules)| {
+                    let rules = rules
+                        .iter()
+                        .map(|r| super::HostRule {
+                            has_transform: r.transform.is_some(),
+                            headers: r
+                                .transform
+                                .as_ref()
+                                .map(|t| t.headers.clone().into_iter().collect())
+                                .unwrap_or_default(),
+                        })
+                        .collect();
+                    (host.clone(), super::HostRules { rules })
+                })
+                .collect(),
         }
     }
 }
@@ -632,6 +650,22 @@ impl From<super::NetworkPolicy> for model::network::NetworkPolicy {
             allow_public_traffic: !n.private_traffic,
             mask_request_host: n.mask_request_host,
             dns_servers: n.dns_servers_set.then_some(n.dns_servers),
+            rules: n
+                .rules
+                .into_iter()
+                .map(|(host, rules)| {
+                    let rules = rules
+                        .rules
+                        .into_iter()
+                        .map(|r| model::transforms::Rule {
+                            transform: r.has_transform.then(|| model::transforms::Transform {
+                                headers: r.headers.into_iter().collect(),
+                            }),
+                        })
+                        .collect();
+                    (host, rules)
+                })
+                .collect(),
         }
     }
 }

@@ -144,7 +144,7 @@ mod tests {
         Egress {
             allow: allow.iter().map(|s| s.to_string()).collect(),
             deny: deny.iter().map(|s| s.to_string()).collect(),
-            names: Vec::new(),
+            ..Default::default()
         }
     }
 

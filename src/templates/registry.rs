@@ -125,7 +125,7 @@ impl RegistryConfig {
             user_agent: concat!("sandbox-gateway/", env!("CARGO_PKG_VERSION")),
             ..ClientConfig::default()
         };
-        crate::facade::tls::install_crypto();
+        crate::tlsx::install_crypto();
         Client::try_from(config).map_err(|e| Error::internal(format!("registry client: {e}")))
     }
 

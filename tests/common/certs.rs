@@ -35,13 +35,24 @@ pub fn leaf(ca: &Ca, cn: &str, server: bool) -> (String, String) {
     (cert.pem(), key.serialize_pem())
 }
 
+/// A server certificate for the DNS `names`, signed by `ca`: (certificate PEM, key PEM).
+pub fn named(ca: &Ca, names: &[&str]) -> (String, String) {
+    let issuer = Issuer::from_ca_cert_pem(&ca.pem, &ca.key).unwrap();
+    let mut p =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, names[0]);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
 /// A TLS server configuration for a fake endpoint with a certificate from `leaf`.
 pub fn tls_server((cert, key): &(String, String)) -> rustls::ServerConfig {
-    sandbox_gateway::facade::tls::install_crypto();
+    sandbox_gateway::tlsx::install_crypto();
     rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(
-            sandbox_gateway::facade::tls::parse_certs(cert.as_bytes()).unwrap(),
+            sandbox_gateway::tlsx::parse_certs(cert.as_bytes()).unwrap(),
             rustls_pemfile::private_key(&mut key.as_bytes())
                 .unwrap()
                 .unwrap(),

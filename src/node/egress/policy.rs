@@ -4,10 +4,12 @@
 //! a sandbox that spoofs its resolver gains nothing; the dialled addresses must still not be
 //! private or the node's own.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use crate::model::domains::Pattern;
 use crate::model::network::{Egress, NetworkPolicy, Ranges, merge, parse_cidr};
+use crate::model::transforms::{self, Rule};
 use crate::model::{Error, Result};
 
 /// A sandbox's egress rules, parsed once per policy.
@@ -16,6 +18,10 @@ pub struct Rules {
     names: Vec<Pattern>,
     allow: Ranges,
     deny: Ranges,
+    /// Hosts whose requests get headers (see `model::transforms`).
+    transforms: BTreeMap<String, Vec<Rule>>,
+    /// Whose secrets those headers name.
+    tenant: String,
 }
 
 /// What the proxy does with one connection.
@@ -49,6 +55,8 @@ impl Rules {
                 .collect::<Result<_>>()?,
             allow: ranges("allow", &e.allow)?,
             deny: ranges("deny", &e.deny)?,
+            transforms: e.transforms.clone(),
+            tenant: e.tenant.clone(),
         })
     }
 
@@ -77,9 +85,20 @@ impl Rules {
         }
     }
 
-    /// Whether any entry is a name (then DNS servers must stay reachable).
-    pub fn has_names(&self) -> bool {
-        !self.names.is_empty()
+    /// Whether connections on ports 80 and 443 must show their name: it decides whether
+    /// they leave, or whether they get headers.
+    pub fn reads_names(&self) -> bool {
+        !self.names.is_empty() || !self.transforms.is_empty()
+    }
+
+    /// The headers requests to `host` get, when its rule sets some (then it is intercepted).
+    pub fn headers_for(&self, host: &str) -> Option<&BTreeMap<String, String>> {
+        transforms::headers_for(&self.transforms, host)
+    }
+
+    /// Whose secrets the headers name.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
     }
 }
 
@@ -125,7 +144,7 @@ mod tests {
     #[test]
     fn names_then_allowed_then_denied_addresses_decide_in_e2bs_order() {
         let r = rules(&["pypi.org", "*.github.com", "1.1.1.1"], &["0.0.0.0/0"]).unwrap();
-        assert!(r.has_names());
+        assert!(r.reads_names());
         let far = ip("203.0.113.50");
         assert_eq!(
             r.decide(Some("PyPI.org:443"), far),
@@ -155,6 +174,33 @@ mod tests {
         assert_eq!(some.decide(None, ip("8.8.8.8")), Verdict::Deny);
         assert_eq!(
             some.decide(Some("dns.google"), ip("8.8.4.4")),
+            Verdict::Address
+        );
+    }
+
+    #[test]
+    fn header_rules_grant_nothing_but_make_names_read() {
+        let policy = NetworkPolicy {
+            deny_out: vec!["203.0.113.0/24".into()],
+            rules: transforms::normalized(
+                serde_json::from_value(serde_json::json!({
+                    "API.test": [{"transform": {"headers": {"X-Key": "v"}}}]
+                }))
+                .unwrap(),
+            ),
+            ..Default::default()
+        };
+        let r = Rules::of(&policy).unwrap().unwrap();
+        assert!(r.reads_names());
+        assert_eq!(
+            r.headers_for("api.test:443").map(|h| h["X-Key"].as_str()),
+            Some("v")
+        );
+        assert!(r.headers_for("other.test").is_none());
+        // A host with a rule is still judged by the addresses.
+        assert_eq!(r.decide(Some("api.test"), ip("203.0.113.9")), Verdict::Deny);
+        assert_eq!(
+            r.decide(Some("api.test"), ip("198.51.100.9")),
             Verdict::Address
         );
     }

@@ -3,8 +3,8 @@
 //! where the namespace's nftables send every TCP connection that leaves. Each connection's
 //! original destination comes from conntrack (`SO_ORIGINAL_DST`); its name, on ports 80 and
 //! 443, from its first bytes. Allowed connections are dialled from the node and spliced; a
-//! denied one is closed without a byte. A rules update cuts the open connections the new rules
-//! deny.
+//! denied one is closed without a byte; one to a host whose rule sets headers is answered by the
+//! proxy itself (see `intercept`). A rules update cuts the open connections the new rules deny.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -19,6 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
+use super::ca::SandboxCa;
+use super::intercept::{self, Interception, Job, Rewound};
 use super::peek::{self, Peeked};
 use super::policy::{Rules, Verdict};
 use crate::model::network::{Ranges, parse_cidr};
@@ -27,7 +29,7 @@ use crate::model::{Error, Result};
 /// How long a connection may take to show its name.
 const PEEK_FOR: Duration = Duration::from_secs(10);
 /// How long a dial may take.
-const DIAL_FOR: Duration = Duration::from_secs(15);
+pub(super) const DIAL_FOR: Duration = Duration::from_secs(15);
 /// Most connections one sandbox may have open through the proxy: each holds two of the node's
 /// descriptors, and a sandbox must not be able to take them all.
 pub const MAX_OPEN: usize = 1024;
@@ -73,6 +75,16 @@ impl Dialer {
     /// Resolves `name` on the node (never at the address the sandbox asked for) and dials the
     /// first reachable address that is not blocked.
     async fn connect_name(&self, name: &str, port: u16) -> io::Result<TcpStream> {
+        self.connect_name_where(name, port, &|_| true).await
+    }
+
+    /// `connect_name`, among the addresses `permit` allows.
+    pub(super) async fn connect_name_where(
+        &self,
+        name: &str,
+        port: u16,
+        permit: &(dyn Fn(Ipv4Addr) -> bool + Send + Sync),
+    ) -> io::Result<TcpStream> {
         let addrs: Vec<Ipv4Addr> = match self.hosts.get(name) {
             Some(a) => a.clone(),
             None => tokio::net::lookup_host((name, port))
@@ -85,6 +97,13 @@ impl Dialer {
         };
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{name} has no address"));
         for ip in addrs {
+            if !permit(ip) {
+                last = io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("{name} is at {ip}, which the sandbox's rules deny"),
+                );
+                continue;
+            }
             match self.connect(SocketAddrV4::new(ip, port)).await {
                 Ok(s) => return Ok(s),
                 Err(e) => last = e,
@@ -104,6 +123,8 @@ struct Open {
 /// One sandbox's proxy.
 struct Entry {
     port: u16,
+    /// The CA intercepted connections are answered with.
+    ca: Arc<SandboxCa>,
     rules: RwLock<Rules>,
     open: Mutex<HashMap<u64, Open>>,
     accept: AbortHandle,
@@ -135,19 +156,36 @@ impl Entry {
 /// Every sandbox's proxy on this node, by instance id.
 pub struct Proxies {
     dialer: Arc<Dialer>,
+    interception: Arc<Interception>,
     entries: Mutex<HashMap<String, Arc<Entry>>>,
+    /// Each instance's CA, made when first needed and kept while it lives (its sandbox trusts
+    /// it even while its rules set no headers).
+    cas: Mutex<HashMap<String, Arc<SandboxCa>>>,
 }
 
 impl Proxies {
-    pub fn new(dialer: Dialer) -> Proxies {
+    pub fn new(dialer: Dialer, interception: Interception) -> Proxies {
         Proxies {
             dialer: Arc::new(dialer),
+            interception: Arc::new(interception),
             entries: Mutex::new(HashMap::new()),
+            cas: Mutex::new(HashMap::new()),
         }
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The instance's CA, made on first use.
+    pub fn ca(&self, id: &str) -> Result<Arc<SandboxCa>> {
+        let mut cas = self.cas.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ca) = cas.get(id) {
+            return Ok(ca.clone());
+        }
+        let ca = Arc::new(SandboxCa::new(id)?);
+        cas.insert(id.to_string(), ca.clone());
+        Ok(ca)
     }
 
     /// Puts `rules` in force for the instance `id` whose network namespace is `netns`,
@@ -168,6 +206,7 @@ impl Proxies {
             .port();
         let listener = TcpListener::from_std(listener)
             .map_err(|e| Error::io("the egress proxy's listener", e))?;
+        let ca = self.ca(id)?;
         let mut entries = self.entries();
         if let Some(e) = entries.get(id) {
             // Another call got there first; its listener serves.
@@ -176,6 +215,7 @@ impl Proxies {
         let entry = Arc::new_cyclic(|weak: &std::sync::Weak<Entry>| {
             let weak = weak.clone();
             let dialer = self.dialer.clone();
+            let interception = self.interception.clone();
             let accept = tokio::spawn(async move {
                 let mut next = 0u64;
                 loop {
@@ -185,12 +225,13 @@ impl Proxies {
                     };
                     let Some(entry) = weak.upgrade() else { return };
                     next += 1;
-                    serve(entry, dialer.clone(), stream, next);
+                    serve(entry, dialer.clone(), interception.clone(), stream, next);
                 }
             })
             .abort_handle();
             Entry {
                 port,
+                ca,
                 rules: RwLock::new(rules),
                 open: Mutex::new(HashMap::new()),
                 accept,
@@ -198,6 +239,16 @@ impl Proxies {
         });
         entries.insert(id.to_string(), entry);
         Ok(port)
+    }
+
+    /// Stops the instance's proxy and cuts its connections, and forgets its CA: the instance
+    /// is gone.
+    pub fn forget_instance(&self, id: &str) {
+        self.forget(id);
+        self.cas
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     /// Stops the instance's proxy and cuts its connections.
@@ -275,7 +326,13 @@ async fn name_of(s: &mut TcpStream, port: u16, buf: &mut Vec<u8>) -> Option<Stri
 }
 
 /// Serves one connection on its own task, registered so that a rules update can cut it.
-fn serve(entry: Arc<Entry>, dialer: Arc<Dialer>, mut stream: TcpStream, key: u64) {
+fn serve(
+    entry: Arc<Entry>,
+    dialer: Arc<Dialer>,
+    interception: Arc<Interception>,
+    mut stream: TcpStream,
+    key: u64,
+) {
     let Ok(dst) = original_destination(&stream) else {
         // Not redirected here (someone inside dialled the listener itself): nothing to serve.
         return;
@@ -288,13 +345,14 @@ fn serve(entry: Arc<Entry>, dialer: Arc<Dialer>, mut stream: TcpStream, key: u64
         return;
     }
     let rules = entry.rules();
+    let ca = entry.ca.clone();
     let weak = Arc::downgrade(&entry);
     // The task starts once it is registered, so that its own removal comes after.
     let (registered, wait) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let _ = wait.await;
         let mut buf = Vec::new();
-        let name = if rules.has_names() && matches!(dst.port(), 80 | 443) {
+        let name = if rules.reads_names() && matches!(dst.port(), 80 | 443) {
             name_of(&mut stream, dst.port(), &mut buf).await
         } else {
             None
@@ -306,15 +364,38 @@ fn serve(entry: Arc<Entry>, dialer: Arc<Dialer>, mut stream: TcpStream, key: u64
         }
         // Judged with the rules in force now (an update may have come while it was peeked).
         let rules = weak.upgrade().map(|e| e.rules()).unwrap_or(rules);
-        let upstream = match rules.decide(name.as_deref(), *dst.ip()) {
-            Verdict::Deny => None,
-            Verdict::Address => dialer.connect(dst).await.ok(),
-            Verdict::Name(n) => dialer.connect_name(&n, dst.port()).await.ok(),
-        };
-        if let Some(mut up) = upstream
-            && up.write_all(&buf).await.is_ok()
-        {
-            let _ = tokio::io::copy_bidirectional(&mut stream, &mut up).await;
+        let verdict = rules.decide(name.as_deref(), *dst.ip());
+        let headers = name.as_deref().and_then(|n| rules.headers_for(n)).cloned();
+        match (verdict, headers, name) {
+            (Verdict::Deny, _, _) => {}
+            (verdict, Some(headers), Some(host)) => {
+                // Dialled by name: by an allowed name anywhere it resolves (but the blocked
+                // ranges); else only where the rules would let the sandbox go itself.
+                let by_name = matches!(verdict, Verdict::Name(_));
+                let judge = rules.clone();
+                let job = Job {
+                    host: crate::model::domains::normalize_host(&host),
+                    port: dst.port(),
+                    tls: dst.port() == 443,
+                    headers,
+                    tenant: rules.tenant().to_string(),
+                    dialer: dialer.clone(),
+                    permit: Box::new(move |ip| by_name || judge.decide(None, ip) != Verdict::Deny),
+                    shared: interception,
+                };
+                intercept::serve(Rewound::new(buf, stream), job, &ca).await;
+            }
+            (verdict, _, _) => {
+                let upstream = match verdict {
+                    Verdict::Name(n) => dialer.connect_name(&n, dst.port()).await.ok(),
+                    _ => dialer.connect(dst).await.ok(),
+                };
+                if let Some(mut up) = upstream
+                    && up.write_all(&buf).await.is_ok()
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut up).await;
+                }
+            }
         }
         if let Some(entry) = weak.upgrade() {
             entry.open().remove(&key);

@@ -113,6 +113,10 @@ impl Runtime for AnyRuntime {
         on!(self, inst, |r, i| r.set_egress(&i, egress).await)
     }
 
+    fn egress_ca(&self, inst: &Instance<AnyHandle>) -> Result<String> {
+        on!(self, inst, |r, i| r.egress_ca(&i))
+    }
+
     async fn boot(&self, spec: BootSpec<'_>) -> Result<Instance<AnyHandle>> {
         match self {
             AnyRuntime::Builtin(r) => {

@@ -63,6 +63,10 @@ pub struct BuiltinConfig {
     pub reachable: Vec<String>,
     /// Names the egress proxy resolves itself (`--egress-host`).
     pub egress_hosts: Vec<(String, std::net::Ipv4Addr)>,
+    /// Where the egress proxy fills `${e2b.secrets.NAME}` from.
+    pub secrets: Option<std::sync::Arc<crate::secrets::SecretStore>>,
+    /// CA certificates (PEM) the egress proxy trusts besides the node's (`--egress-ca-file`).
+    pub egress_trust: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,7 +217,13 @@ impl BuiltinRuntime {
         let blocked = blocked_ranges(&cfg.reachable)?;
         let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
         let dialer = Dialer::new().map_err(io_err("starting the dial thread"))?;
-        let proxies = Proxies::new(egress_proxy::Dialer::new(&blocked, &cfg.egress_hosts));
+        let proxies = Proxies::new(
+            egress_proxy::Dialer::new(&blocked, &cfg.egress_hosts),
+            crate::node::egress::intercept::Interception::new(
+                cfg.secrets.clone(),
+                &cfg.egress_trust,
+            )?,
+        );
         Ok(BuiltinRuntime {
             cfg,
             cgroups,
@@ -442,7 +452,7 @@ impl Runtime for BuiltinRuntime {
     }
 
     async fn destroy(&self, inst: &Instance<BuiltinHandle>) -> Result<()> {
-        self.proxies.forget(&inst.id);
+        self.proxies.forget_instance(&inst.id);
         let cgroups = self.cgroups.clone();
         let cg = inst.handle.cgroup.clone();
         let dir = inst.dir.clone();
@@ -574,7 +584,7 @@ impl Runtime for BuiltinRuntime {
         let netns = PathBuf::from(format!("/proc/{}/ns/net", inst.handle.pid));
         // Names need the proxy: it is started (or given the new rules) before the redirect
         // sends anything to it, and stopped after the redirect is gone.
-        let proxy = match egress.filter(|e| !e.names.is_empty()) {
+        let proxy = match egress.filter(|e| e.needs_proxy()) {
             Some(e) => Some(
                 self.proxies
                     .ensure(&inst.id, netns.clone(), Rules::from_egress(e)?)
@@ -594,6 +604,10 @@ impl Runtime for BuiltinRuntime {
             self.proxies.forget(&inst.id);
         }
         Ok(())
+    }
+
+    fn egress_ca(&self, inst: &Instance<BuiltinHandle>) -> Result<String> {
+        Ok(self.proxies.ca(&inst.id)?.pem())
     }
 
     fn proxies_egress(&self) -> bool {

@@ -121,6 +121,15 @@ pub trait Runtime: Send + Sync + 'static {
         }
     }
 
+    /// The PEM of the CA the instance's egress proxy signs intercepted hosts' certificates
+    /// with (made on first use, one per instance, gone with it); only runtimes with a proxy.
+    fn egress_ca(&self, inst: &Instance<Self::Handle>) -> Result<String> {
+        Err(Error::invalid(format!(
+            "sandbox {}'s runtime has no egress proxy to intercept with",
+            inst.id
+        )))
+    }
+
     fn boot(
         &self,
         spec: BootSpec<'_>,

@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import socket
 import socketserver
+import ssl
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 import pytest
 
-from e2b import Sandbox, SandboxException
+from e2b import Sandbox, SandboxException, Secret
 from e2b.sandbox.network import ALL_TRAFFIC
 
 A = os.environ["SERVER_A"]
@@ -30,8 +32,17 @@ ECHO_PORT = 9000
 UDP_PORT = 9001
 
 
+# Every request a test server answered: (server address, Host, headers), newest last.
+SEEN: list = []
+
+
 class Hello(BaseHTTPRequestHandler):
     def do_GET(self):
+        SEEN.append((
+            self.server.server_address[0],
+            self.headers.get("Host"),
+            {k.lower(): v for k, v in self.headers.items()},
+        ))
         body = self.server.server_address[0].encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -59,6 +70,14 @@ class ThreadedTCP(socketserver.ThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
 
 
+def https(addr: str, cert: str, key: str) -> HTTPServer:
+    server = HTTPServer((addr, 443), Hello)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    return server
+
+
 @pytest.fixture(scope="module", autouse=True)
 def servers():
     started = [
@@ -69,6 +88,9 @@ def servers():
         HTTPServer((A, 80), Hello),
         HTTPServer((B, 80), Hello),
         socketserver.UDPServer((B, UDP_PORT), UdpEcho),
+        # The "real" hosts of header rules (certificates made by tests/e2b_network.rs).
+        https(A, os.environ["TRUSTED_CERT"], os.environ["TRUSTED_KEY"]),
+        https(B, os.environ["UNTRUSTED_CERT"], os.environ["UNTRUSTED_KEY"]),
     ]
     for s in started:
         threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -253,6 +275,159 @@ def test_domain_allow_lists_go_by_the_name_each_connection_carries():
         assert get(f"http://{B}:{HTTP_PORT}/").startswith(B + " rc=0")
     finally:
         sbx.kill()
+
+
+def scan_sandbox_memory(marker: str, needles: list) -> tuple:
+    """Reads every process of the sandbox that runs `sleep <marker>` (those in its PID
+    namespace, found from the host) and says which needles its memory holds."""
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+
+    def cmdline(p):
+        try:
+            return open(f"/proc/{p}/cmdline", "rb").read()
+        except OSError:
+            return b""
+
+    [anchor] = [p for p in pids if cmdline(p) == b"sleep\0" + marker.encode() + b"\0"]
+    ns = os.readlink(f"/proc/{anchor}/ns/pid")
+    found, read = {n: False for n in needles}, 0
+    for p in pids:
+        try:
+            if os.readlink(f"/proc/{p}/ns/pid") != ns:
+                continue
+            maps = open(f"/proc/{p}/maps").read().splitlines()
+            mem = open(f"/proc/{p}/mem", "rb", 0)
+        except OSError:
+            continue
+        with mem:
+            for line in maps:
+                fields = line.split()
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if "r" not in fields[1] or end - start > 1 << 30:
+                    continue
+                try:
+                    mem.seek(start)
+                    chunk = mem.read(end - start)
+                except (OSError, ValueError, OverflowError):
+                    continue
+                read += len(chunk)
+                for n in needles:
+                    found[n] = found[n] or n in chunk
+    return read, found
+
+
+def seen_since(mark: int, host: str) -> list:
+    return [h for (_, hst, h) in SEEN[mark:] if hst == host]
+
+
+def test_header_rules_fill_secrets_in_without_the_sandbox_ever_holding_them():
+    value = f"sk-live-{uuid.uuid4().hex}"
+    name = f"upstream-key-{uuid.uuid4().hex[:8]}"
+    Secret.create(name, value)
+    rules = {
+        "api.secure.test": [{"transform": {"headers": {
+            "Authorization": "Bearer " + Secret.fill(name), "X-Team": "a"}}}],
+        "untrusted.secure.test": [{"transform": {"headers": {"Authorization": Secret.fill(name)}}}],
+        "plain.test": [{"transform": {"headers": {"X-Plain": "yes"}}}],
+    }
+    try:
+        if RUNTIME != "builtin":
+            with pytest.raises(SandboxException) as e:
+                Sandbox.create(network={"rules": rules})
+            assert "400" in str(e.value) and "egress proxy" in str(e.value), str(e.value)
+            return
+        sbx = Sandbox.create(network={"rules": rules})
+        try:
+            def curl(url, extra=""):
+                r = sbx.commands.run(f"curl -sS -m 10 {extra} {url} 2>&1; echo \" rc=$?\"", timeout=30)
+                return r.stdout
+
+            # The sandbox points the name at B and sends its own Authorization; the proxy
+            # dials the name as the node resolves it (A), verifies A is api.secure.test and
+            # replaces the header with the secret, which only the server sees.
+            mark = len(SEEN)
+            out = curl("https://api.secure.test/v1", f"--resolve api.secure.test:443:{B} -H 'Authorization: mine'")
+            assert out.startswith(A + " rc=0"), out
+            [got] = seen_since(mark, "api.secure.test")
+            assert got["authorization"] == f"Bearer {value}" and got["x-team"] == "a", got
+            assert value not in out
+            # Python's own TLS stack trusts the sandbox's CA too (it is in the system bundle).
+            sbx.commands.run(f"echo '{B} api.secure.test' >> /etc/hosts", user="root")
+            py = sbx.commands.run(
+                "python3 -c \"import urllib.request as u; "
+                "print(u.urlopen('https://api.secure.test/py').read().decode())\"",
+                timeout=30,
+            ).stdout
+            assert py == A + "\n", py
+
+            # A host without a rule is not intercepted: the sandbox sees the real certificate,
+            # from a CA it does not trust.
+            mark = len(SEEN)
+            out = curl("https://bare.secure.test/", f"--resolve bare.secure.test:443:{A}")
+            assert "rc=0" not in out and "certificate" in out.lower(), out
+            out = curl("https://bare.secure.test/", f"-k -v --resolve bare.secure.test:443:{A}")
+            assert "test-upstream-ca" in out and out.rstrip().endswith("rc=0"), out
+            assert "authorization" not in seen_since(mark, "bare.secure.test")[0]
+
+            # The real host must prove who it is: a certificate nobody trusts gets no request,
+            # and the sandbox a 502 that names the problem.
+            mark = len(SEEN)
+            out = curl("https://untrusted.secure.test/", f"--resolve untrusted.secure.test:443:{B}")
+            assert "could not be reached" in out and "rc=0" in out, out
+            assert seen_since(mark, "untrusted.secure.test") == []
+
+            # Plain HTTP gets the plain headers; a secret is never put in one.
+            mark = len(SEEN)
+            out = curl("http://plain.test/", f"--resolve plain.test:80:{B}")
+            assert out.startswith(A + " rc=0"), out
+            assert seen_since(mark, "plain.test")[0]["x-plain"] == "yes"
+            sbx.update_network({"rules": {"plain.test": [{"transform": {"headers": {"X-Key": Secret.fill(name)}}}]}})
+            mark = len(SEEN)
+            out = curl("http://plain.test/", f"--resolve plain.test:80:{B}")
+            assert "only sent over HTTPS" in out and value not in out, out
+            assert seen_since(mark, "plain.test") == []
+
+            # The secret is nowhere in the sandbox: not its environment, files or memory. The
+            # commands carry it reversed, so that only a real leak puts it back together.
+            hidden = value[::-1]
+            assert value not in sbx.commands.run(
+                "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'", user="root"
+            ).stdout
+            grep = sbx.commands.run(
+                f"grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev \"$(echo {hidden} | rev)\" / 2>/dev/null; echo done",
+                user="root", timeout=120,
+            ).stdout
+            assert grep.strip() == "done", grep
+            # Nor in the memory of any of its processes, read from the host (inside, root may
+            # not read other processes' memory). A control that must be found proves the scan
+            # reads memory at all.
+            sbx.commands.run(
+                "python3 -c \"import time; kept = ''.join(reversed('lortnoc-yromem')); time.sleep(120)\"",
+                background=True,
+            )
+            sbx.commands.run("sleep 4242.5", background=True)
+            time.sleep(1)
+            read, found = scan_sandbox_memory("4242.5", [value.encode(), b"memory-control"])
+            assert read > 10 << 20, read
+            assert found == {value.encode(): False, b"memory-control": True}, found
+        finally:
+            sbx.kill()
+
+        # Rules given later work at once: the sandbox is made to trust its proxy then.
+        later = Sandbox.create()
+        try:
+            later.update_network({"rules": {"api.secure.test": [{"transform": {"headers": {"X-Later": "1"}}}]}})
+            mark = len(SEEN)
+            out = later.commands.run(
+                f"curl -sS -m 10 --resolve api.secure.test:443:{A} https://api.secure.test/ 2>&1; echo \" rc=$?\"",
+                timeout=30,
+            ).stdout
+            assert out.startswith(A + " rc=0"), out
+            assert seen_since(mark, "api.secure.test")[0]["x-later"] == "1"
+        finally:
+            later.kill()
+    finally:
+        Secret.destroy(name)
 
 
 def test_private_ports_need_the_traffic_access_token():
