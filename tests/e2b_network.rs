@@ -68,6 +68,8 @@ fn scenarios_in_private_network(
                 "plain.test=198.51.100.7",
                 "--egress-host",
                 "untrusted.secure.test=198.51.100.8",
+                "--egress-host",
+                "loopback.secure.test=127.0.0.1",
                 "--egress-ca-file",
                 &ca_file,
             ],

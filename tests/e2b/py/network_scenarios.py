@@ -329,6 +329,7 @@ def test_header_rules_fill_secrets_in_without_the_sandbox_ever_holding_them():
             "Authorization": "Bearer " + Secret.fill(name), "X-Team": "a"}}}],
         "untrusted.secure.test": [{"transform": {"headers": {"Authorization": Secret.fill(name)}}}],
         "plain.test": [{"transform": {"headers": {"X-Plain": "yes"}}}],
+        "loopback.secure.test": [{"transform": {"headers": {"Authorization": Secret.fill(name)}}}],
     }
     try:
         if RUNTIME != "builtin":
@@ -375,6 +376,10 @@ def test_header_rules_fill_secrets_in_without_the_sandbox_ever_holding_them():
             out = curl("https://untrusted.secure.test/", f"--resolve untrusted.secure.test:443:{B}")
             assert "could not be reached" in out and "rc=0" in out, out
             assert seen_since(mark, "untrusted.secure.test") == []
+            # A rule's host that resolves (on the node) to the node's own loopback is not
+            # dialled: no DNS answer turns the proxy against the host.
+            out = curl("https://loopback.secure.test/", f"--resolve loopback.secure.test:443:{A}")
+            assert "out of every sandbox's reach" in out and value not in out, out
 
             # Plain HTTP gets the plain headers; a secret is never put in one.
             mark = len(SEEN)
