@@ -1,12 +1,17 @@
 // Network policies with the unmodified e2b JS SDK (e2b@2.51.0): `network.denyOut` turns a
 // destination away from inside the sandbox, `updateNetwork` lifts it on the running sandbox,
-// and `getInfo` reports the policy. Run by tests/e2b_network.rs in the same private network
-// namespace as the Python scenarios, with SERVER_A and SERVER_B serving HTTP on port 8081.
+// and `getInfo` reports the policy; a header rule fills a `Secret` into the requests the
+// sandbox makes to an HTTPS host. Run by tests/e2b_network.rs in the same private network
+// namespace as the Python scenarios, with SERVER_A and SERVER_B serving HTTP on port 8081 and
+// SERVER_A serving HTTPS as api.secure.test (the certificate the node is told to trust).
 
 import assert from 'node:assert/strict'
+import { randomUUID } from 'node:crypto'
+import { readFileSync } from 'node:fs'
 import http from 'node:http'
+import https from 'node:https'
 
-import { Sandbox } from 'e2b'
+import { Sandbox, Secret, SecretNotFoundError } from 'e2b'
 
 const A = process.env.SERVER_A
 const B = process.env.SERVER_B
@@ -24,7 +29,50 @@ async function reaches(sbx, addr) {
   return r.stdout === addr
 }
 
+// The headers of every request api.secure.test answered.
+const seen = []
+
+async function serveHttps(addr) {
+  const options = { cert: readFileSync(process.env.TRUSTED_CERT), key: readFileSync(process.env.TRUSTED_KEY) }
+  const server = https.createServer(options, (req, res) => {
+    seen.push(req.headers)
+    res.end(addr)
+  })
+  await new Promise((ok) => server.listen(443, addr, ok))
+  return server
+}
+
+async function headerRules() {
+  if (process.env.RUNTIME !== 'builtin') return
+  const server = await serveHttps(A)
+  const name = `js-key-${randomUUID().slice(0, 8)}`
+  const value = `sk-js-${randomUUID()}`
+  const secret = await Secret.create(name, value)
+  const sbx = await Sandbox.create({
+    network: {
+      rules: { 'api.secure.test': [{ transform: { headers: { Authorization: `Bearer ${Secret.fill(name)}` } } }] },
+    },
+  })
+  try {
+    assert.equal((await Secret.getInfo(secret.secretId)).name, name)
+    const out = await sbx.commands.run(
+      `curl -sS -m 10 --resolve api.secure.test:443:${B} https://api.secure.test/ 2>&1; echo " rc=$?"`,
+      { timeoutMs: 30_000 },
+    )
+    assert.ok(out.stdout.startsWith(`${A} rc=0`), out.stdout)
+    assert.equal(seen.at(-1).authorization, `Bearer ${value}`)
+    const info = await sbx.getInfo()
+    assert.ok(info.network?.rules?.['api.secure.test'], JSON.stringify(info.network))
+  } finally {
+    await sbx.kill()
+    server.close()
+    assert.equal(await Secret.destroy(name), true)
+  }
+  await assert.rejects(() => Secret.getInfo(name), SecretNotFoundError)
+}
+
 async function main() {
+  await headerRules()
   const servers = [await serve(A), await serve(B)]
   const sbx = await Sandbox.create({ network: { denyOut: [B] } })
   try {
@@ -42,7 +90,7 @@ async function main() {
     await sbx.kill()
     for (const s of servers) s.close()
   }
-  console.log('1 passed, 0 failed')
+  console.log('2 passed, 0 failed')
 }
 
 main().catch((e) => {
