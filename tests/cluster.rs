@@ -398,6 +398,7 @@ async fn nodes_publish_inventory_and_gateways_discover_them() {
             env_vars: Default::default(),
             lifecycle: Default::default(),
             network: Default::default(),
+            volume_mounts: Vec::new(),
         })
         .await
         .unwrap();

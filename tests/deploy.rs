@@ -592,6 +592,7 @@ fn full_inventory() -> inventory::NodeInventory {
         disk_bytes: 1,
         lifecycle: Default::default(),
         network: Default::default(),
+        volume_mounts: Vec::new(),
         lease_seconds: 0,
         paused: None,
     };

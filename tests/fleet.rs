@@ -23,6 +23,7 @@ fn claim_req(ns: &str, name: &str, ttl: u64) -> ClaimRequest {
         env_vars: [("GREETING".to_string(), "hello".to_string())].into(),
         lifecycle: Default::default(),
         network: Default::default(),
+        volume_mounts: Vec::new(),
     }
 }
 

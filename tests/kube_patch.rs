@@ -688,6 +688,7 @@ async fn node_metadata_updates_move_the_revision_only_on_change() {
             env_vars: Default::default(),
             lifecycle: Default::default(),
             network: Default::default(),
+            volume_mounts: Vec::new(),
         })
         .await
         .unwrap();

@@ -24,6 +24,7 @@ fn claim_req(template: &str) -> ClaimRequest {
         env_vars: Default::default(),
         lifecycle: Default::default(),
         network: Default::default(),
+        volume_mounts: Vec::new(),
     }
 }
 

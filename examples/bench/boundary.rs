@@ -49,6 +49,7 @@ pub async fn bench_verbs(sizes: &[u64], runs: usize) -> Res<Vec<VerbCosts>> {
                 env_vars: Default::default(),
                 lifecycle: Default::default(),
                 network: Default::default(),
+                volume_mounts: Vec::new(),
             })
             .await?
             .record;

@@ -73,6 +73,7 @@ pub async fn bench_fleet(nodes: usize, rounds: usize, pool: u32, per_node: usize
                             env_vars: Default::default(),
                             lifecycle: Default::default(),
                             network: Default::default(),
+                            volume_mounts: Vec::new(),
                         })
                         .await;
                     if let Ok(c) = r {
@@ -187,6 +188,7 @@ pub async fn bench_visibility(samples: usize, interval: Duration) -> Res<Visibil
                 env_vars: Default::default(),
                 lifecycle: Default::default(),
                 network: Default::default(),
+                volume_mounts: Vec::new(),
             })
             .await?;
         let id = c.record.id.clone();

@@ -151,6 +151,7 @@ pub async fn bench_memory_verbs(sizes: &[u64], runs: usize) -> Res<MemoryVerbs> 
                     env_vars: Default::default(),
                     lifecycle: Default::default(),
                     network: Default::default(),
+                    volume_mounts: Vec::new(),
                 })
                 .await?
                 .record;

@@ -270,6 +270,7 @@ pub fn record(id: &str, node: &str, i: usize) -> SandboxRecord {
         disk_bytes: 0,
         lifecycle: Default::default(),
         network: Default::default(),
+        volume_mounts: Vec::new(),
         lease_seconds: 0,
         paused: None,
     }
@@ -375,6 +376,7 @@ pub async fn bench_resolve(nodes: usize, per_node: usize, lookups: usize) -> Res
             env_vars: Default::default(),
             lifecycle: Default::default(),
             network: Default::default(),
+            volume_mounts: Vec::new(),
         })
         .await?;
     let mut live = Vec::new();

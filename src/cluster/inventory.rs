@@ -226,6 +226,7 @@ impl InventoryEntry {
             lease_seconds: 0,
             paused: None,
             network: Default::default(),
+            volume_mounts: Vec::new(),
         })
     }
 }
@@ -338,6 +339,7 @@ mod tests {
             lease_seconds: 0,
             paused: None,
             network: Default::default(),
+            volume_mounts: Vec::new(),
         }
     }
 

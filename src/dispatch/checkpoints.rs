@@ -39,6 +39,7 @@ impl Dispatcher {
                     on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
                     auto_resume: req.lifecycle.auto_resume,
                     network: Some((&req.network).into()),
+                    volume_mounts: req.volume_mounts.iter().map(Into::into).collect(),
                 }),
             )
             .await?;

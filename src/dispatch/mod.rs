@@ -98,6 +98,8 @@ pub struct ClaimRequest {
     pub env_vars: BTreeMap<String, String>,
     pub lifecycle: model::Lifecycle,
     pub network: model::network::NetworkPolicy,
+    /// Volumes to mount (their sources on the nodes' shared volumes directory).
+    pub volume_mounts: Vec<model::VolumeMount>,
 }
 
 impl ClaimRequest {
@@ -288,6 +290,7 @@ impl Dispatcher {
             on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
             auto_resume: req.lifecycle.auto_resume,
             network: Some((&req.network).into()),
+            volume_mounts: req.volume_mounts.iter().map(Into::into).collect(),
         };
         let mut refused: Vec<String> = Vec::new();
         let mut last_err: Option<Error> = None;

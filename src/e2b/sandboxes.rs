@@ -164,6 +164,7 @@ async fn create(
         env_vars: env_vars.clone(),
         lifecycle,
         network: network.clone(),
+        volume_mounts: Vec::new(),
     };
     let claimed = if ids::is_checkpoint_id(&template) {
         let prefix = model::stamped_name(&tenant.namespace, "");

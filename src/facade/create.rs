@@ -344,6 +344,7 @@ pub fn check(body: &[u8], namespace: &str, validation: Option<&str>) -> KubeResu
         claim: ClaimRequest {
             lifecycle: Default::default(),
             network: Default::default(),
+            volume_mounts: Vec::new(),
             namespace: namespace.to_string(),
             name: name.clone(),
             key,

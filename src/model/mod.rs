@@ -20,5 +20,6 @@ pub use pool::{PoolKey, PoolTarget, SizeTier};
 pub use sandbox::{
     CheckpointFilter, CheckpointRecord, DEFAULT_NAMESPACE, InventoryChange, InventoryEvent,
     Lifecycle, LostClaim, NodeInfo, NodeLimits, OnTimeout, PausedSince, Phase, PoolStatus,
-    SandboxRecord, SandboxStats, TemplateInfo, TemplateUsage, claim_ref, split_claim_ref,
+    SandboxRecord, SandboxStats, TemplateInfo, TemplateUsage, VolumeMount, claim_ref,
+    split_claim_ref,
 };

@@ -118,6 +118,18 @@ pub struct SandboxRecord {
     pub paused: Option<PausedSince>,
     #[serde(default)]
     pub network: super::network::NetworkPolicy,
+    /// Tenant volumes mounted in the sandbox (e2b `volumeMounts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+}
+
+/// A volume mounted read-write in a sandbox: its name (as the tenant knows it), where it shows
+/// inside, and the directory on the node that holds its data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    pub name: String,
+    pub path: String,
+    pub source: String,
 }
 
 impl SandboxRecord {
@@ -147,6 +159,7 @@ impl SandboxRecord {
             lease_seconds: 0,
             paused: None,
             network: Default::default(),
+            volume_mounts: Vec::new(),
         }
     }
 

@@ -44,6 +44,9 @@ pub struct NodeConfig {
     /// The tenants' secrets, for the egress proxy's header rules (the gateway's own store for
     /// its embedded node; `--secrets-dir` for a node of its own).
     pub secrets: Option<std::sync::Arc<crate::secrets::SecretStore>>,
+    /// Where tenants' volumes are (the gateway's `--volumes-dir`, shared storage in a fleet);
+    /// a claim may mount directories below it and nothing else.
+    pub volumes_dir: Option<std::path::PathBuf>,
     /// How long a sandbox may take to boot (or restore) before the node gives up on it and
     /// answers "no capacity": on an overloaded host, another node or a later retry will do.
     pub boot_timeout: Duration,
@@ -132,6 +135,7 @@ impl NodeConfig {
             egress_hosts: Vec::new(),
             egress_trust: Vec::new(),
             secrets: None,
+            volumes_dir: None,
             boot_timeout: BOOT_TIMEOUT,
             service_timeout: SERVICE_TIMEOUT,
             template_upload_max_bytes: DEFAULT_TEMPLATE_UPLOAD_MAX_BYTES,

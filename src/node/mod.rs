@@ -20,6 +20,7 @@ mod readiness;
 pub mod runtime;
 pub mod service;
 mod store;
+mod volumes;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -181,6 +182,7 @@ pub struct ClaimSpec {
     pub env_vars: BTreeMap<String, String>,
     pub lifecycle: model::Lifecycle,
     pub network: model::network::NetworkPolicy,
+    pub volume_mounts: Vec<model::VolumeMount>,
 }
 
 impl ClaimSpec {
@@ -457,6 +459,7 @@ impl<R: Runtime> Node<R> {
             lease_seconds: self.inner.cfg.lease.grant(spec.ttl_seconds).as_secs(),
             paused: None,
             network: spec.network.clone(),
+            volume_mounts: spec.volume_mounts.clone(),
             id,
         }
     }

@@ -19,6 +19,7 @@ impl<R: Runtime> Node<R> {
     /// Returns the record (with its token) and whether it came warm.
     pub async fn claim(&self, key: &PoolKey, spec: ClaimSpec) -> Result<(SandboxRecord, bool)> {
         spec.validate()?;
+        super::volumes::check(&spec.volume_mounts, self.inner.cfg.volumes_dir.as_deref())?;
         let egress = self.egress_for(key, &spec.network, spec.namespace())?;
         let template = 'pick: {
             let mut st = self.state();
@@ -29,8 +30,9 @@ impl<R: Runtime> Node<R> {
                 )));
             }
             if let Some(inst) = self.pop_live_warm(&mut st, key) {
-                if egress.is_some() {
-                    // Counted as booting for a claim while its rules go in (see `adopt`).
+                if egress.is_some() || !spec.volume_mounts.is_empty() {
+                    // Counted as booting for a claim while its rules and volumes go in (see
+                    // `adopt`).
                     st.booting_for_claims += 1;
                     break 'pick Err(inst);
                 }
@@ -56,10 +58,12 @@ impl<R: Runtime> Node<R> {
             Err(warm) => {
                 self.inner.wake_refill.notify_one();
                 let equipped = self.with_egress(warm, egress.as_ref()).await;
+                let equipped = self.with_volumes(equipped, &spec.volume_mounts).await;
                 return Ok((self.adopt(equipped, key, &spec, Origin::Pool)?, true));
             }
         };
         let booted = self.boot(key, &template, None, egress.as_ref()).await;
+        let booted = self.with_volumes(booted, &spec.volume_mounts).await;
         let record = self.adopt(booted, key, &spec, Origin::Pool)?;
         Ok((record, false))
     }
@@ -88,6 +92,7 @@ impl<R: Runtime> Node<R> {
         spec: ClaimSpec,
     ) -> Result<SandboxRecord> {
         spec.validate()?;
+        super::volumes::check(&spec.volume_mounts, self.inner.cfg.volumes_dir.as_deref())?;
         let ck = {
             let mut st = self.state();
             let ck = st.checkpoints.get(checkpoint_id).cloned().ok_or_else(|| {
@@ -117,6 +122,7 @@ impl<R: Runtime> Node<R> {
         let booted = self
             .boot(&ck.key, &template, Some(&seed), egress.as_ref())
             .await;
+        let booted = self.with_volumes(booted, &spec.volume_mounts).await;
         self.adopt(booted, &ck.key, &spec, Origin::Checkpoint(ck.id))
     }
 
@@ -397,6 +403,9 @@ impl<R: Runtime> Node<R> {
             env_vars: parent.env_vars.clone(),
             lifecycle: parent.lifecycle,
             network: parent.network.clone(),
+            // A child is a copy of the parent's own disk; volumes are the tenant's, mounted
+            // where a create asks for them.
+            volume_mounts: Vec::new(),
         };
         let mut children = Vec::with_capacity(count as usize);
         for inst in booted.into_iter().flatten() {

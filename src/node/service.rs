@@ -68,6 +68,10 @@ macro_rules! claim_spec {
                 auto_resume: r.auto_resume,
             },
             network: r.network.take().map(Into::into).unwrap_or_default(),
+            volume_mounts: std::mem::take(&mut r.volume_mounts)
+                .into_iter()
+                .map(Into::into)
+                .collect(),
         })
     }};
 }

@@ -169,6 +169,7 @@ impl From<&model::SandboxRecord> for super::Sandbox {
             paused_at_ms: r.paused.map(|p| to_ms(p.at)).unwrap_or(0),
             retain_until_ms: r.paused.map(|p| to_ms(p.until)).unwrap_or(0),
             network: Some((&r.network).into()),
+            volume_mounts: r.volume_mounts.iter().map(Into::into).collect(),
             inventory_revision: 0,
         }
     }
@@ -213,6 +214,27 @@ impl From<super::Sandbox> for model::SandboxRecord {
                 until: from_ms(s.retain_until_ms),
             }),
             network: s.network.map(Into::into).unwrap_or_default(),
+            volume_mounts: s.volume_mounts.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl From<&model::VolumeMount> for super::VolumeMount {
+    fn from(m: &model::VolumeMount) -> Self {
+        super::VolumeMount {
+            name: m.name.clone(),
+            path: m.path.clone(),
+            source: m.source.clone(),
+        }
+    }
+}
+
+impl From<super::VolumeMount> for model::VolumeMount {
+    fn from(m: super::VolumeMount) -> Self {
+        model::VolumeMount {
+            name: m.name,
+            path: m.path,
+            source: m.source,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! inits start the template's services (`services`). The
 //! node-side halves are `node::runtime::builtin` and `node::runtime::gvisor`.
 
+pub mod detached;
 pub mod egress;
 pub mod gvisor_init;
 pub mod init;

@@ -570,6 +570,7 @@ pub fn small_claim(
         env_vars: Default::default(),
         lifecycle: Default::default(),
         network: Default::default(),
+        volume_mounts: Vec::new(),
     }
 }
 

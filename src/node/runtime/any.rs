@@ -113,6 +113,15 @@ impl Runtime for AnyRuntime {
         on!(self, inst, |r, i| r.set_egress(&i, egress).await)
     }
 
+    async fn mount_volume(
+        &self,
+        inst: &Instance<AnyHandle>,
+        source: &Path,
+        target: &str,
+    ) -> Result<()> {
+        on!(self, inst, |r, i| r.mount_volume(&i, source, target).await)
+    }
+
     fn egress_ca(&self, inst: &Instance<AnyHandle>) -> Result<String> {
         on!(self, inst, |r, i| r.egress_ca(&i))
     }

@@ -606,6 +606,38 @@ impl Runtime for BuiltinRuntime {
         Ok(())
     }
 
+    async fn mount_volume(
+        &self,
+        inst: &Instance<BuiltinHandle>,
+        source: &Path,
+        target: &str,
+    ) -> Result<()> {
+        let sup = inst.handle.pid;
+        let owner = self.cfg.ids.base;
+        let (source, target) = (source.to_path_buf(), target.to_string());
+        blocking(move || {
+            let mount = || -> std::io::Result<()> {
+                // The sandbox's init is the supervisor's one child; its namespace is the
+                // sandbox's.
+                let children = std::fs::read_to_string(format!("/proc/{sup}/task/{sup}/children"))?;
+                let init = children
+                    .split_whitespace()
+                    .next()
+                    .and_then(|p| p.parse::<i32>().ok())
+                    .ok_or_else(|| std::io::Error::other("the sandbox's init is gone"))?;
+                super::mount_in::mount_into(init, &source, &target, owner)
+            };
+            mount().map_err(|e| {
+                if e.kind() == std::io::ErrorKind::InvalidInput {
+                    Error::invalid(format!("volume mount path: {e}"))
+                } else {
+                    Error::internal(format!("mounting a volume at {target:?}: {e}"))
+                }
+            })
+        })
+        .await
+    }
+
     fn egress_ca(&self, inst: &Instance<BuiltinHandle>) -> Result<String> {
         Ok(self.proxies.ca(&inst.id)?.pem())
     }

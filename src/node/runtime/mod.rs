@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod dial;
 pub mod disk;
 pub mod gvisor;
+pub mod mount_in;
 pub mod reaper;
 pub mod sys;
 
@@ -128,6 +129,22 @@ pub trait Runtime: Send + Sync + 'static {
             "sandbox {}'s runtime has no egress proxy to intercept with",
             inst.id
         )))
+    }
+
+    /// Mounts the host directory `source` (a volume's data) read-write at `target` inside the
+    /// running instance.
+    fn mount_volume(
+        &self,
+        inst: &Instance<Self::Handle>,
+        _source: &Path,
+        _target: &str,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let id = inst.id.clone();
+        async move {
+            Err(Error::invalid(format!(
+                "sandbox {id}'s runtime cannot mount volumes into a running sandbox; volume mounts need the built-in runtime"
+            )))
+        }
     }
 
     fn boot(

@@ -21,27 +21,9 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::super::disk::{self, Disks};
-use crate::sandbox::loopdev;
 use crate::sandbox::spec::IdMap;
+use crate::sandbox::{detached, loopdev};
 use crate::templates::Template;
-
-// From linux/mount.h (the libc crate does not export them for every target yet).
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-
-/// `struct mount_attr` of linux/mount.h.
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
 
 /// Where a build instance's pieces are, under its directory.
 const BUILD: &str = "build";
@@ -258,20 +240,7 @@ impl RootMounts {
     pub fn apply(&self) -> io::Result<()> {
         for (src, target) in &self.views {
             let fd = view(src, self.userns)?;
-            // SAFETY: plain syscall on a descriptor we own and a NUL-terminated path.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_move_mount,
-                    fd.as_raw_fd(),
-                    c"".as_ptr(),
-                    libc::AT_FDCWD,
-                    target.as_ptr(),
-                    MOVE_MOUNT_F_EMPTY_PATH,
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            detached::attach(&fd, target)?;
         }
         // SAFETY: chdir, mount and chdir with NUL-terminated strings we own.
         unsafe {
@@ -298,41 +267,15 @@ impl RootMounts {
 
 /// A detached, read-only, id-mapped clone of the mount at `path` (allocation-free).
 fn view(path: &CString, userns: libc::c_int) -> io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: open_tree with a NUL-terminated path; it answers a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the descriptor was just made and is ours.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns as u64,
-    };
-    // SAFETY: mount_setattr reads `size` bytes of the attr we pass.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = detached::clone_tree(path)?;
+    detached::set_attrs(
+        &fd,
+        detached::MOUNT_ATTR_IDMAP
+            | detached::MOUNT_ATTR_RDONLY
+            | detached::MOUNT_ATTR_NODEV
+            | detached::MOUNT_ATTR_NOSUID,
+        Some(userns),
+    )?;
     Ok(fd)
 }
 
