@@ -47,7 +47,7 @@ struct InitBody<'a> {
 }
 
 /// A sandbox needs its proxy's CA once its rules set headers on some host's requests.
-fn intercepts(record: &SandboxRecord) -> bool {
+pub(super) fn intercepts(record: &SandboxRecord) -> bool {
     record.key.net == "egress"
         && !crate::model::transforms::intercepted(&record.network.rules).is_empty()
 }

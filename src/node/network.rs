@@ -94,7 +94,16 @@ impl<R: Runtime> Node<R> {
                 network: policy.clone(),
                 ..current.clone()
             };
-            self.trust_egress_ca(&next, &inst).await?;
+            if current.phase == crate::model::Phase::Paused {
+                // Its agent is frozen: it cannot take the CA now.
+                if super::identify::intercepts(&next) && !super::identify::intercepts(&current) {
+                    return Err(Error::conflict(format!(
+                        "sandbox {id} is paused; header rules can be added once it runs again"
+                    )));
+                }
+            } else {
+                self.trust_egress_ca(&next, &inst).await?;
+            }
             // Lifting every rule is a change too: the old table must go.
             self.inner.runtime.set_egress(&inst, rules.as_ref()).await?;
         }
