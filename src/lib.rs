@@ -12,6 +12,7 @@ pub mod fsx;
 pub mod gateway;
 pub mod httpx;
 pub mod interpreter;
+pub mod iox;
 pub mod model;
 pub mod node;
 pub mod proto;

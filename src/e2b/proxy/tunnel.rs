@@ -6,9 +6,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::pin::Pin;
 use std::sync::Mutex;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,8 +14,10 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response, body::Incoming};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::iox::Prefixed;
 
 pub type ProxyBody = UnsyncBoxBody<Bytes, io::Error>;
 
@@ -45,44 +45,6 @@ pub enum TunnelError {
     Refused { status: u16, message: String },
     /// The node could not be reached, or the exchange broke.
     Broken(String),
-}
-
-/// A stream that first yields bytes read past the CONNECT answer.
-pub struct Prefixed {
-    prefix: Bytes,
-    inner: TcpStream,
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            let chunk = self.prefix.split_to(n);
-            buf.put_slice(&chunk);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        b: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, b)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 /// Parses a CONNECT answer head: its status, and the byte offset where the head ends.
@@ -128,7 +90,7 @@ pub async fn open(
             if let Some((status, end, length)) = parse_answer(&buf) {
                 if status == 200 {
                     let prefix = Bytes::copy_from_slice(&buf[end..]);
-                    return Ok(Prefixed { prefix, inner: s });
+                    return Ok(Prefixed::new(prefix, s));
                 }
                 let want = end + length.unwrap_or(0).min(MAX_HEAD);
                 while buf.len() < want {

@@ -9,9 +9,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::Ipv4Addr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body_util::{Either, Full};
@@ -19,8 +17,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::AbortHandle;
 use zeroize::Zeroizing;
 
@@ -320,54 +317,6 @@ where
     })
     .abort_handle();
     Ok(Upstream { send, driver })
-}
-
-/// A stream whose first bytes were already read (to find its name): they are read again.
-pub struct Rewound {
-    head: Vec<u8>,
-    at: usize,
-    inner: TcpStream,
-}
-
-impl Rewound {
-    pub fn new(head: Vec<u8>, inner: TcpStream) -> Rewound {
-        Rewound { head, at: 0, inner }
-    }
-}
-
-impl AsyncRead for Rewound {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.at < self.head.len() {
-            let n = buf.remaining().min(self.head.len() - self.at);
-            let at = self.at;
-            buf.put_slice(&self.head[at..at + n]);
-            self.at += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Rewound {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

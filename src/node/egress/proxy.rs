@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
 use super::ca::SandboxCa;
-use super::intercept::{self, Interception, Job, Rewound};
+use super::intercept::{self, Interception, Job};
 use super::peek::{self, Peeked};
 use super::policy::{Rules, Verdict};
 use crate::model::network::{Ranges, parse_cidr};
@@ -383,7 +383,7 @@ fn serve(
                     permit: Box::new(move |ip| by_name || judge.decide(None, ip) != Verdict::Deny),
                     shared: interception,
                 };
-                intercept::serve(Rewound::new(buf, stream), job, &ca).await;
+                intercept::serve(crate::iox::Prefixed::new(buf, stream), job, &ca).await;
             }
             (verdict, _, _) => {
                 let upstream = match verdict {
