@@ -239,6 +239,11 @@ pub struct ServeArgs {
     /// nodes must share it [default: DATA_DIR/secrets-key].
     #[arg(long)]
     pub secrets_key_file: Option<PathBuf>,
+    /// Where tenants' volumes are kept (with the key their tokens are signed with); replicas
+    /// and nodes must share it, an NFS export mounted at the same path on each, say
+    /// [default: DATA_DIR/volumes].
+    #[arg(long)]
+    pub volumes_dir: Option<PathBuf>,
     /// How long a claim may take on a node before its outcome counts as unknown (a create
     /// then answers 504 with `Should-Retry: false`).
     #[arg(long, default_value_t = 30.0)]
@@ -341,6 +346,10 @@ pub struct NodeArgs {
     /// The key that seals those secrets (the gateway's `--secrets-key-file`).
     #[arg(long, requires = "secrets_dir")]
     pub secrets_key_file: Option<PathBuf>,
+    /// The gateway's volumes directory (shared storage, mounted at the same path as on the
+    /// gateway); without it this node refuses claims that mount volumes.
+    #[arg(long)]
+    pub volumes_dir: Option<PathBuf>,
     /// Cluster mode: publish this node's NodeInventory object (server-side apply).
     #[arg(long)]
     pub publish_inventory: bool,

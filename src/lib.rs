@@ -20,3 +20,4 @@ pub mod sandbox;
 pub mod secrets;
 pub mod templates;
 pub mod tlsx;
+pub mod volumes;

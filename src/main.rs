@@ -74,6 +74,7 @@ async fn run_node(args: NodeArgs) -> Result<()> {
     let mut node = NodeConfig::new(args.name.clone().unwrap_or_else(host_name), &args.data_dir);
     node.pools = args.pools.clone();
     args.sandboxes.apply(&mut node)?;
+    node.volumes_dir = args.volumes_dir.clone();
     if let (Some(dir), Some(key)) = (&args.secrets_dir, &args.secrets_key_file) {
         if !key.exists() {
             return Err(Error::invalid(format!(
@@ -288,6 +289,7 @@ fn main() -> ExitCode {
                         envd_secret_file: s.envd_secret_file,
                         secrets_dir: s.secrets_dir,
                         secrets_key_file: s.secrets_key_file,
+                        volumes_dir: s.volumes_dir,
                         dispatcher: DispatcherConfig {
                             claim_timeout,
                             ..Default::default()

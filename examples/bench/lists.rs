@@ -419,6 +419,7 @@ async fn bench_e2b(
             )?
             .0,
         ),
+        volumes: None,
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

@@ -22,6 +22,7 @@ pub mod template_names;
 pub mod templates;
 pub mod tokens;
 pub mod upload_url;
+pub mod volumes;
 pub mod wire;
 pub mod wire_templates;
 
@@ -44,6 +45,8 @@ pub struct E2b {
     pub upload_max_bytes: u64,
     /// Tenants' secrets (the Secrets API writes them; egress proxies fill them in).
     pub secrets: std::sync::Arc<crate::secrets::SecretStore>,
+    /// Tenants' volumes (None: not offered, 501).
+    pub volumes: Option<std::sync::Arc<crate::volumes::VolumeStore>>,
 }
 
 async fn health() -> HttpResponse {
@@ -146,7 +149,36 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         // Every template route is above: what reaches here is a method they do not take.
         .route("/templates/{tail:.*}", web::to(builds::no_method))
+        .route("/volumes", web::get().to(volumes::list))
+        .route("/volumes", web::post().to(volumes::create))
+        .route("/volumes/{volume}", web::get().to(volumes::get))
+        .route("/volumes/{volume}", web::delete().to(volumes::delete))
         .route("/volumes{tail:.*}", web::to(s::not_supported))
+        .route(
+            "/volumecontent/{volume}/dir",
+            web::get().to(volumes::list_dir),
+        )
+        .route(
+            "/volumecontent/{volume}/dir",
+            web::post().to(volumes::make_dir),
+        )
+        .route(
+            "/volumecontent/{volume}/file",
+            web::get().to(volumes::read_file),
+        )
+        .route(
+            "/volumecontent/{volume}/file",
+            web::put().to(volumes::write_file),
+        )
+        .route("/volumecontent/{volume}/path", web::get().to(volumes::stat))
+        .route(
+            "/volumecontent/{volume}/path",
+            web::patch().to(volumes::update),
+        )
+        .route(
+            "/volumecontent/{volume}/path",
+            web::delete().to(volumes::remove),
+        )
         .route("/secrets", web::get().to(secrets::list))
         .route("/secrets", web::post().to(secrets::create))
         .route("/secrets/{secret}", web::get().to(secrets::get))

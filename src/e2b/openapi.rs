@@ -8,8 +8,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
 use super::{
-    builds, logs, metrics, network, sandboxes, secrets, snapshots, template_admin, templates, wire,
-    wire_templates,
+    builds, logs, metrics, network, sandboxes, secrets, snapshots, template_admin, templates,
+    volumes, wire, wire_templates,
 };
 
 struct ApiKeyAuth;
@@ -22,6 +22,13 @@ impl Modify for ApiKeyAuth {
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new(
                 super::auth::API_KEY_HEADER,
             ))),
+        );
+        // The volume content API takes the volume's token instead.
+        components.add_security_scheme(
+            "VolumeToken",
+            SecurityScheme::Http(utoipa::openapi::security::Http::new(
+                utoipa::openapi::security::HttpAuthScheme::Bearer,
+            )),
         );
     }
 }
@@ -220,7 +227,9 @@ impl Modify for Links {
         template_admin::tags, template_admin::get, template_admin::publish_v2,
         template_admin::publish_v1, builds::legacy_create_v1, builds::legacy_create_v2,
         builds::legacy_rebuild, builds::legacy_start, secrets::list, secrets::create,
-        secrets::get, secrets::update, secrets::delete,
+        secrets::get, secrets::update, secrets::delete, volumes::list, volumes::create,
+        volumes::get, volumes::delete, volumes::list_dir, volumes::make_dir, volumes::read_file,
+        volumes::write_file, volumes::stat, volumes::update, volumes::remove,
     ),
     components(schemas(
         ErrorBody, wire::NewSandbox, wire::Sandbox, wire::SandboxDetail, wire::ListedSandbox,
@@ -234,7 +243,9 @@ impl Modify for Links {
         wire_templates::AliasInfo, template_admin::AssignTags, template_admin::RemoveTags,
         template_admin::AssignedTags, template_admin::TagInfo, template_admin::BuildItem,
         template_admin::TemplateWithBuilds, template_admin::Publish, template_admin::Published,
-        secrets::Secret, secrets::NewSecret, secrets::SecretUpdate,
+        secrets::Secret, secrets::NewSecret, secrets::SecretUpdate, volumes::Volume,
+        volumes::VolumeAndToken, volumes::NewVolume, volumes::MetaUpdate,
+        crate::volumes::content::EntryStat,
     )),
     modifiers(&ApiKeyAuth, &Unauthorized, &Links)
 )]

@@ -63,6 +63,14 @@ impl E2b {
             allow_internet_access: super::network::internet_access(record),
             network: super::network::info(record),
             paused_until: record.paused.map(|p| p.until),
+            volume_mounts: record
+                .volume_mounts
+                .iter()
+                .map(|m| wire::VolumeMount {
+                    name: m.name.clone(),
+                    path: m.path.clone(),
+                })
+                .collect(),
             lifecycle: wire::Lifecycle {
                 auto_resume: record.lifecycle.auto_resume,
                 on_timeout: record.lifecycle.on_timeout.as_str(),

@@ -61,6 +61,65 @@ fn e2b_name() -> String {
     format!("e2b-{suffix}")
 }
 
+/// A create's `volumeMounts`, `[{name, path}]`, as mounts of the team's volumes: every name
+/// must be one of its volumes, every path absolute and clean, each once (e2b's 400s).
+async fn volume_mounts(
+    e2b: &E2b,
+    tenant: &str,
+    asked: Option<&[serde_json::Value]>,
+) -> ApiResult<Vec<model::VolumeMount>> {
+    let Some(asked) = asked.filter(|a| !a.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let store = e2b
+        .volumes
+        .clone()
+        .ok_or_else(|| ApiError::bad_request("Volume mounts are not enabled."))?;
+    let mut wanted = Vec::with_capacity(asked.len());
+    for v in asked {
+        let m: wire::VolumeMount = serde_json::from_value(v.clone()).map_err(|e| {
+            ApiError::bad_request(format!("volumeMounts: each must be {{name, path}}: {e}"))
+        })?;
+        if crate::node::runtime::mount_in::mount_point(&m.path).is_none() {
+            return Err(ApiError::bad_request(format!(
+                "volumeMounts: path {:?} of volume {:?} must be absolute and clean",
+                m.path, m.name
+            )));
+        }
+        if wanted.iter().any(|w: &wire::VolumeMount| w.path == m.path) {
+            return Err(ApiError::bad_request(format!(
+                "volumeMounts: path {:?} is given more than once",
+                m.path
+            )));
+        }
+        wanted.push(m);
+    }
+    let tenant = tenant.to_string();
+    web::block(move || {
+        wanted
+            .into_iter()
+            .map(|m| {
+                let v = store.resolve(&tenant, &m.name).map_err(|_| {
+                    crate::model::Error::invalid(format!("volume {:?} not found", m.name))
+                })?;
+                Ok(model::VolumeMount {
+                    source: store.data_dir(&tenant, &v.id)?.display().to_string(),
+                    name: m.name,
+                    path: m.path,
+                })
+            })
+            .collect::<crate::model::Result<Vec<_>>>()
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+            e.to_string(),
+        )
+    })?
+    .map_err(ApiError::from)
+}
+
 fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {
     let refuse = |what: &str| {
         Err(ApiError::bad_request(format!(
@@ -69,9 +128,6 @@ fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {
     };
     if req.secure == Some(false) {
         return refuse("secure: false (every sandbox gets an envd access token)");
-    }
-    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return refuse("volumeMounts (volumes are not offered yet: /volumes answers 501)");
     }
     if req.mcp.as_ref().is_some_and(|v| !v.is_null()) {
         return refuse(
@@ -142,6 +198,7 @@ async fn create(
         .ok_or_else(|| ApiError::bad_request("templateID is required"))?;
     let ttl = lifetime(e2b, "Timeout", req.timeout.unwrap_or(default_timeout))?;
     refuse_unsupported(&req)?;
+    let volume_mounts = volume_mounts(e2b, &tenant.namespace, req.volume_mounts.as_deref()).await?;
     let lifecycle = lifecycle(&req)?;
     let network = network::policy(req.network.as_ref(), req.allow_internet_access)?;
     // As on e2b, a sandbox has internet access unless the request turns it off; one that may
@@ -164,7 +221,7 @@ async fn create(
         env_vars: env_vars.clone(),
         lifecycle,
         network: network.clone(),
-        volume_mounts: Vec::new(),
+        volume_mounts: volume_mounts.clone(),
     };
     let claimed = if ids::is_checkpoint_id(&template) {
         let prefix = model::stamped_name(&tenant.namespace, "");

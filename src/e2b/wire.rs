@@ -127,6 +127,16 @@ pub struct SandboxDetail {
     /// (not an e2b field; the SDKs ignore it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused_until: Option<DateTime<Utc>>,
+    /// The team's volumes mounted in the sandbox.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+}
+
+/// e2b's `SandboxVolumeMount`: a team volume by name, and where it shows in the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VolumeMount {
+    pub name: String,
+    pub path: String,
 }
 
 /// An item of `GET /v2/sandboxes` and `GET /sandboxes`.

@@ -48,6 +48,8 @@ pub struct ServeConfig {
     /// Tenants' secrets [default: DATA_DIR/secrets, sealed with DATA_DIR/secrets-key].
     pub secrets_dir: Option<PathBuf>,
     pub secrets_key_file: Option<PathBuf>,
+    /// Tenants' volumes [default: DATA_DIR/volumes].
+    pub volumes_dir: Option<PathBuf>,
     pub dispatcher: DispatcherConfig,
     pub kube: KubeConfig,
     /// Cluster mode: discover nodes from their NodeInventory objects.
@@ -217,6 +219,20 @@ fn secret_store(cfg: &ServeConfig) -> Result<Arc<SecretStore>> {
     Ok(Arc::new(store))
 }
 
+fn volume_store(cfg: &ServeConfig) -> Result<Arc<crate::volumes::VolumeStore>> {
+    let dir = cfg
+        .volumes_dir
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("volumes"));
+    // The token key lives with the volumes, so that replicas sharing them share it too.
+    let ids = crate::sandbox::spec::IdMap::new(cfg.sandboxes.uid_base)?;
+    let (store, made) = crate::volumes::VolumeStore::open(&dir, &dir.join(".token-key"), ids)?;
+    if made {
+        tracing::info!(dir = %dir.display(), "made a key for volume tokens");
+    }
+    Ok(Arc::new(store))
+}
+
 async fn metrics_route(metrics: web::Data<Arc<Metrics>>, e2b: web::Data<E2b>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
@@ -232,12 +248,14 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let (keys, key_notes) = api_keys(&cfg)?;
     let tokens = envd_tokens(&cfg)?;
     let secrets = secret_store(&cfg)?;
+    let volumes = volume_store(&cfg)?;
 
     let embedded: Option<RunningNode> = if !cfg.remote_nodes() {
         let mut node = NodeConfig::new("embedded", cfg.data_dir.join("node"));
         node.pools = cfg.pools.clone();
         cfg.sandboxes.apply(&mut node)?;
         node.secrets = Some(secrets.clone());
+        node.volumes_dir = Some(volumes.dir().to_path_buf());
         let running = daemon::start(DaemonConfig {
             node,
             listen: "127.0.0.1:0".into(),
@@ -344,6 +362,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         proxy: Default::default(),
         upload_max_bytes: cfg.sandboxes.template_upload_max_mib << 20,
         secrets,
+        volumes: Some(volumes),
     });
     let metrics_data = web::Data::new(metrics.clone());
     let server = HttpServer::new(move || {

@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
@@ -80,6 +81,26 @@ pub fn attach(fd: &OwnedFd, target: &CStr) -> io::Result<()> {
             libc::AT_FDCWD,
             target.as_ptr(),
             MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Attaches the detached mount on the directory `target` (an open descriptor; the caller must
+/// be in the target's mount namespace).
+pub fn attach_to(fd: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+    // SAFETY: plain syscall on descriptors we own.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
         )
     };
     if rc != 0 {

@@ -617,13 +617,16 @@ impl Runtime for BuiltinRuntime {
         let (source, target) = (source.to_path_buf(), target.to_string());
         blocking(move || {
             let mount = || -> std::io::Result<()> {
-                // The sandbox's init is the supervisor's one child; its namespace is the
-                // sandbox's.
+                // The sandbox's init is the supervisor's child in a user namespace of its own
+                // (slirp4netns, its other child, is in the host's).
                 let children = std::fs::read_to_string(format!("/proc/{sup}/task/{sup}/children"))?;
+                let own = std::fs::read_link(format!("/proc/{sup}/ns/user"))?;
                 let init = children
                     .split_whitespace()
-                    .next()
-                    .and_then(|p| p.parse::<i32>().ok())
+                    .filter_map(|p| p.parse::<i32>().ok())
+                    .find(|p| {
+                        std::fs::read_link(format!("/proc/{p}/ns/user")).is_ok_and(|ns| ns != own)
+                    })
                     .ok_or_else(|| std::io::Error::other("the sandbox's init is gone"))?;
                 super::mount_in::mount_into(init, &source, &target, owner)
             };
