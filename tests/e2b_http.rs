@@ -1102,3 +1102,66 @@ async fn a_boot_slower_than_the_timeout_is_no_capacity_and_leaves_nothing() {
     gw.proc.terminate();
     assert_no_leaks(tmp.path(), &[sandboxes]).await;
 }
+
+/// A volume, its files and its token outlive the gateway: a second gateway on the same data
+/// directory lists it and serves its files to the same token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_and_their_files_survive_a_restart() {
+    let (tmp, _) = workspace();
+    let mut gw = Gateway::start(tmp.path(), &["--pool", "base=0"]);
+    let made = gw
+        .call(
+            Method::POST,
+            "/volumes",
+            Some(KEY_A),
+            Some(json!({"name": "kept"})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let id = made.body["volumeID"].as_str().unwrap().to_string();
+    let token = made.body["token"].as_str().unwrap().to_string();
+    let file = |url: &str| format!("{url}/volumecontent/{id}/file?path=/notes.txt");
+    let put = gw
+        .http
+        .put(file(&gw.url))
+        .bearer_auth(&token)
+        .body("still here")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::CREATED);
+    gw.proc.terminate();
+
+    let again = Gateway::start(tmp.path(), &["--pool", "base=0"]);
+    let listed = again.call(Method::GET, "/volumes", Some(KEY_A), None).await;
+    assert_eq!(listed.body, json!([{"volumeID": id, "name": "kept"}]));
+    let read = again
+        .http
+        .get(file(&again.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    assert_eq!(read.text().await.unwrap(), "still here");
+    let other = again
+        .call(Method::GET, &format!("/volumes/{id}"), Some(KEY_B), None)
+        .await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND);
+    let gone = again
+        .call(Method::DELETE, &format!("/volumes/{id}"), Some(KEY_A), None)
+        .await;
+    assert_eq!(gone.status, StatusCode::NO_CONTENT);
+    let read = again
+        .http
+        .get(file(&again.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        read.status(),
+        StatusCode::NOT_FOUND,
+        "a deleted volume's token opens nothing"
+    );
+}
