@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs'
 import http from 'node:http'
 import https from 'node:https'
 
-import { Sandbox, Secret, SecretNotFoundError } from 'e2b'
+import { Sandbox, Secret, SecretNotFoundError, Volume } from 'e2b'
 
 const A = process.env.SERVER_A
 const B = process.env.SERVER_B
@@ -71,8 +71,31 @@ async function headerRules() {
   await assert.rejects(() => Secret.getInfo(name), SecretNotFoundError)
 }
 
+// A volume written through the content API, mounted by a sandbox that writes back.
+async function volumes() {
+  process.env.E2B_VOLUME_API_URL ??= process.env.E2B_API_URL
+  const vol = await Volume.create(`js-vol-${randomUUID().slice(0, 8)}`)
+  try {
+    await vol.makeDir('/in', { force: true })
+    await vol.writeFile('/in/hello.txt', 'from the API')
+    if (process.env.RUNTIME !== 'builtin') return
+    const sbx = await Sandbox.create({ volumeMounts: { '/mnt/vol': vol } })
+    try {
+      assert.equal((await sbx.commands.run('cat /mnt/vol/in/hello.txt')).stdout, 'from the API')
+      await sbx.commands.run('echo from js > /mnt/vol/out.txt')
+    } finally {
+      await sbx.kill()
+    }
+    assert.equal(await vol.readFile('/out.txt'), 'from js\n')
+    assert.deepEqual((await vol.list('/')).map((e) => e.path).sort(), ['/in', '/out.txt'])
+  } finally {
+    assert.equal(await Volume.destroy(vol.volumeId), true)
+  }
+}
+
 async function main() {
   await headerRules()
+  await volumes()
   const servers = [await serve(A), await serve(B)]
   const sbx = await Sandbox.create({ network: { denyOut: [B] } })
   try {
@@ -90,7 +113,7 @@ async function main() {
     await sbx.kill()
     for (const s of servers) s.close()
   }
-  console.log('2 passed, 0 failed')
+  console.log('3 passed, 0 failed')
 }
 
 main().catch((e) => {

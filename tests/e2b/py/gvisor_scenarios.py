@@ -91,3 +91,19 @@ def test_internet_sandboxes_pause_in_memory_and_refuse_snapshots():
         keeps_counting(resumed, n, pid)
     finally:
         s.kill()
+
+
+def test_volume_mounts_are_refused_by_name():
+    import os
+    import uuid
+
+    os.environ.setdefault("E2B_VOLUME_API_URL", os.environ["E2B_API_URL"])
+    from e2b import Volume
+
+    vol = Volume.create(f"gvisor-{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(SandboxException) as e:
+            Sandbox.create(volume_mounts={"/mnt/v": vol})
+        assert "400" in str(e.value) and "built-in runtime" in str(e.value), str(e.value)
+    finally:
+        Volume.destroy(vol.volume_id)

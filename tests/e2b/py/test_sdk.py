@@ -289,7 +289,7 @@ def test_unsupported_create_options_are_refused(cleanup, option):
     named = {
         "network_domains": "ALL_TRAFFIC",
         "mcp": "mcp-gateway",
-        "volume_mounts": "volumes",
+        "volume_mounts": "not found",
         "iam": "identity",
     }[option]
     assert named in str(e.value), str(e.value)
