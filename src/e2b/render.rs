@@ -63,6 +63,7 @@ impl E2b {
             allow_internet_access: super::network::internet_access(record),
             network: super::network::info(record),
             paused_until: record.paused.map(|p| p.until),
+            pause_mode: record.pause_mode().map(crate::model::PauseMode::as_str),
             lifecycle: wire::Lifecycle {
                 auto_resume: record.lifecycle.auto_resume,
                 on_timeout: record.lifecycle.on_timeout.as_str(),

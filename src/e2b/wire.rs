@@ -120,6 +120,10 @@ pub struct SandboxDetail {
     /// (not an e2b field; the SDKs ignore it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused_until: Option<DateTime<Utc>>,
+    /// While paused: `full` (memory kept) or `filesystem` (files only; the next resume boots
+    /// fresh). Omitted while running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<&'static str>,
 }
 
 /// An item of `GET /v2/sandboxes` and `GET /sandboxes`.
@@ -160,7 +164,8 @@ pub struct RefreshRequest {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseRequest {
-    /// `false` asks for a filesystem-only pause, which this runtime does not offer.
+    /// `false` keeps only the sandbox's files (the instance is destroyed; its next resume
+    /// boots fresh from them).
     pub memory: Option<bool>,
     pub require_healthy_guest: Option<bool>,
 }
@@ -170,7 +175,7 @@ pub struct PauseRequest {
 pub struct ConnectRequest {
     /// Seconds; the lease is extended to at least this, never shortened.
     pub timeout: Option<i64>,
-    /// `false` asks for a reboot from disk, which this runtime does not offer.
+    /// `false` boots the paused sandbox fresh from its files, even after a full pause.
     pub memory: Option<bool>,
 }
 

@@ -85,7 +85,8 @@ impl<R: Runtime> Node<R> {
             )));
         }
         let rules = self.egress_for(&current.key, &policy)?;
-        if current.key.net == "egress" {
+        // A sandbox paused on disk has no instance: its next boot gets the new rules.
+        if current.key.net == "egress" && !current.paused_on_disk() {
             // Lifting every rule is a change too: the old table must go.
             self.inner.runtime.set_egress(&inst, rules.as_ref()).await?;
         }
