@@ -199,7 +199,6 @@ scenario('create from an unknown template fails with 404', async () => {
 
 scenario('unsupported create options are refused with 400', async () => {
   const cases = {
-    filesystemAutoPause: { lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } },
     // CIDR rules are enforced (tests/e2b_network.rs); domain rules need an egress proxy.
     networkDomains: { network: { allowOut: ['example.com'] } },
     mcp: { mcp: { exa: { apiKey: 'x' } } },
