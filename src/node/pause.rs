@@ -194,16 +194,13 @@ impl<R: Runtime> Node<R> {
                     until,
                     mode,
                 });
-                let kept = match mode {
-                    PauseMode::Full => "memory",
-                    PauseMode::Filesystem => "files only",
+                let what = match mode {
+                    PauseMode::Full => "paused",
+                    PauseMode::Filesystem => "paused with its files only",
                 };
                 c.instance.logs.note(
                     LogLevel::Info,
-                    format!(
-                        "paused ({kept}); kept until {} unless resumed",
-                        until.to_rfc3339()
-                    ),
+                    format!("{what}; kept until {} unless resumed", until.to_rfc3339()),
                 );
                 // Connections into a frozen or stopped sandbox would hang; close them, so
                 // clients see it is not running.
