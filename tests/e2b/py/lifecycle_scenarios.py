@@ -382,3 +382,19 @@ def test_connect_with_memory_false_cold_boots_a_full_pause():
         assert pid3 == pid2 and n2 > n1
     finally:
         sbx.kill()
+
+
+def test_traffic_does_not_resume_a_filesystem_only_pause():
+    # auto_resume wakes a sandbox paused with its memory; one paused with its files only needs
+    # a cold boot, which only connect does (as on e2b).
+    sbx = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sbx.commands.run("echo woke > $HOME/woke.txt")
+        assert sbx.pause(mode="filesystem")
+        with pytest.raises(SandboxException):
+            sbx.commands.run("true", request_timeout=10)
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.commands.run("cat $HOME/woke.txt").stdout.strip() == "woke"
+    finally:
+        sbx.kill()
