@@ -132,7 +132,10 @@ async fn e2b_wire_contract() {
             Method::POST,
             "/v2/sandboxes",
             a,
-            Some(json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false})),
+            Some(
+                json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false,
+                "autoResume": {"enabled": true}}),
+            ),
         )
         .await,
         400,
@@ -392,18 +395,35 @@ async fn e2b_wire_contract() {
         "timeout",
     );
 
-    // Pause: 204, then 409; filesystem-only pause is refused honestly.
-    assert_error(
-        &gw.call(
+    // A filesystem-only pause: 204, GET shows pauseMode, connect boots it again (201).
+    let p = gw
+        .call(
             Method::POST,
             &format!("/sandboxes/{id}/pause"),
             a,
             Some(json!({"memory": false})),
         )
-        .await,
-        400,
-        "filesystem",
-    );
+        .await;
+    assert_eq!(p.status, StatusCode::NO_CONTENT, "{:?}", p.body);
+    let info = gw
+        .call(Method::GET, &format!("/sandboxes/{id}"), a, None)
+        .await;
+    assert_eq!(info.body["pauseMode"], "filesystem", "{:?}", info.body);
+    let c = gw
+        .call(
+            Method::POST,
+            &format!("/v2/sandboxes/{id}/connect"),
+            a,
+            Some(json!({"timeout": 60})),
+        )
+        .await;
+    assert_eq!(c.status, StatusCode::CREATED, "{:?}", c.body);
+    assert_eq!(c.body["envdAccessToken"], token.as_str());
+    let info = gw
+        .call(Method::GET, &format!("/sandboxes/{id}"), a, None)
+        .await;
+    assert!(info.body.get("pauseMode").is_none(), "{:?}", info.body);
+    // Pause: 204, then 409.
     assert_eq!(
         gw.call(Method::POST, &format!("/sandboxes/{id}/pause"), a, None)
             .await
@@ -490,17 +510,16 @@ async fn e2b_wire_contract() {
         400,
         "timeout",
     );
-    assert_error(
-        &gw.call(
+    // memory: false only changes how a paused sandbox resumes; a running one stays.
+    let c = gw
+        .call(
             Method::POST,
             &format!("/v2/sandboxes/{id}/connect"),
             a,
             Some(json!({"memory": false})),
         )
-        .await,
-        400,
-        "memory",
-    );
+        .await;
+    assert_eq!(c.status, StatusCode::OK, "{:?}", c.body);
 
     // Listing: filters with the SDK's metadata encoding, and pagination.
     let q = "/v2/sandboxes?metadata=user%3Da%252520b";

@@ -30,6 +30,11 @@ async fn lifecycle_with_the_sdks() {
         ("E2B_API_URL", gw.url.clone()),
         ("E2B_SANDBOX_URL", gw.url.clone()),
         ("PAUSED_RETENTION", RETENTION.to_string()),
+        // Where the node keeps the files of sandboxes paused without their memory.
+        (
+            "PAUSED_DIR",
+            gw.data.join("node/paused").display().to_string(),
+        ),
     ];
     tokio::task::block_in_place(|| {
         scenarios::pytest("2.63.0", &["lifecycle_scenarios.py"], &[], &env, &[]);
@@ -43,5 +48,9 @@ async fn lifecycle_with_the_sdks() {
         );
     });
     gw.proc.terminate();
-    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+    assert_no_leaks(
+        tmp.path(),
+        &[gw.data.join("node/sandboxes"), gw.data.join("node/paused")],
+    )
+    .await;
 }

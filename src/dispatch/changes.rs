@@ -11,7 +11,7 @@ use super::Dispatcher;
 use super::client::{Client, Effect};
 use super::read_view::LocalChange;
 use crate::model::network::NetworkPolicy;
-use crate::model::{Error, OnTimeout, Result, SandboxRecord};
+use crate::model::{Error, OnTimeout, PauseChange, PauseMode, Result, SandboxRecord};
 use crate::proto;
 
 impl Dispatcher {
@@ -74,16 +74,34 @@ impl Dispatcher {
         id: &str,
         pause: bool,
     ) -> Result<(SandboxRecord, bool)> {
-        // Pause and resume write or read a sandbox's memory on runtimes that capture it.
+        let change = if pause {
+            PauseChange::Pause(PauseMode::Full)
+        } else {
+            PauseChange::Resume { cold: false }
+        };
+        self.change_pause(namespace, id, change).await
+    }
+
+    /// `set_paused` with the pause's mode, or a resume that boots fresh from the sandbox's
+    /// files (`cold`; always so after a filesystem-only pause).
+    pub async fn change_pause(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        change: PauseChange,
+    ) -> Result<(SandboxRecord, bool)> {
+        // Pause and resume write or read a sandbox's memory or files.
         let t = self.inner.cfg.capture_timeout;
-        let what = if pause { "pause" } else { "resume" };
-        self.change(namespace, id, what, t, async |c, id| {
-            let r = proto::SandboxRef { id };
-            if pause {
-                c.pause(r).await
-            } else {
-                c.resume(r).await
+        let what = match change {
+            PauseChange::Pause(_) => "pause",
+            PauseChange::Resume { .. } => "resume",
+        };
+        self.change(namespace, id, what, t, async |c, id| match change {
+            PauseChange::Pause(mode) => {
+                let filesystem = mode == PauseMode::Filesystem;
+                c.pause(proto::PauseRequest { id, filesystem }).await
             }
+            PauseChange::Resume { cold } => c.resume(proto::ResumeRequest { id, cold }).await,
         })
         .await
     }

@@ -38,6 +38,7 @@ impl Dispatcher {
                     no_redirect: true,
                     on_timeout: req.lifecycle.on_timeout.as_str().to_string(),
                     auto_resume: req.lifecycle.auto_resume,
+                    auto_pause_mode: req.lifecycle.pause_mode.as_str().to_string(),
                     network: Some((&req.network).into()),
                     volume_mounts: req.volume_mounts.iter().map(Into::into).collect(),
                 }),

@@ -71,6 +71,7 @@ impl E2b {
                     path: m.path.clone(),
                 })
                 .collect(),
+            pause_mode: record.pause_mode().map(crate::model::PauseMode::as_str),
             lifecycle: wire::Lifecycle {
                 auto_resume: record.lifecycle.auto_resume,
                 on_timeout: record.lifecycle.on_timeout.as_str(),

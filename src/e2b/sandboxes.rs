@@ -174,14 +174,15 @@ fn lifecycle(req: &wire::NewSandbox) -> ApiResult<model::Lifecycle> {
             "autoPauseMemory: false cannot be combined with autoResume: a sandbox paused without its memory must be resumed with connect",
         ));
     }
-    if req.auto_pause_memory == Some(false) && on_timeout == model::OnTimeout::Pause {
-        return Err(ApiError::bad_request(
-            "autoPauseMemory: false (a filesystem-only pause) is not offered: a paused sandbox keeps its memory",
-        ));
-    }
+    let pause_mode = if req.auto_pause_memory == Some(false) {
+        model::PauseMode::Filesystem
+    } else {
+        model::PauseMode::Full
+    };
     Ok(model::Lifecycle {
         on_timeout,
         auto_resume,
+        pause_mode,
     })
 }
 
@@ -492,12 +493,16 @@ pub async fn pause(
     id: web::Path<String>,
     body: OptionalBody<wire::PauseRequest>,
 ) -> ApiResult<HttpResponse> {
-    if body.0.memory == Some(false) {
-        return Err(ApiError::bad_request(
-            "a filesystem-only pause (memory: false) is not supported: pausing freezes the sandbox's processes in memory",
-        ));
-    }
-    let (record, changed) = e2b.dispatcher.set_paused(tenant.scope(), &id, true).await?;
+    // memory: false keeps only the sandbox's files; its next resume boots fresh from them.
+    let mode = if body.0.memory == Some(false) {
+        model::PauseMode::Filesystem
+    } else {
+        model::PauseMode::Full
+    };
+    let (record, changed) = e2b
+        .dispatcher
+        .change_pause(tenant.scope(), &id, model::PauseChange::Pause(mode))
+        .await?;
     if !changed {
         return Err(ApiError::conflict(format!(
             "sandbox {} is already paused",
@@ -517,15 +522,17 @@ async fn connect(
     memory: Option<bool>,
     running_is_conflict: bool,
 ) -> ApiResult<HttpResponse> {
-    if memory == Some(false) {
-        return Err(ApiError::bad_request(
-            "restarting from disk (memory: false) is not supported: resuming thaws the paused processes",
-        ));
-    }
     let ttl = lifetime(e2b, "timeout", timeout)?;
     let current = e2b.dispatcher.get(tenant.scope(), id).await?;
     let (record, status) = if current.phase == Phase::Paused {
-        let (record, _) = e2b.dispatcher.set_paused(tenant.scope(), id, false).await?;
+        // memory: false boots fresh from the sandbox's files even after a full pause (a
+        // filesystem-only pause always does).
+        let cold = memory == Some(false);
+        let resume = model::PauseChange::Resume { cold };
+        let (record, _) = e2b
+            .dispatcher
+            .change_pause(tenant.scope(), id, resume)
+            .await?;
         (record, StatusCode::CREATED)
     } else if running_is_conflict {
         return Err(ApiError::conflict(format!(
@@ -694,14 +701,20 @@ mod tests {
             )
             .contains("autoResume")
         );
-        assert!(
-            why(serde_json::json!({"autoPause": true, "autoPauseMemory": false}))
-                .contains("filesystem-only")
-        );
+        let files = lifecycle(&req(
+            serde_json::json!({"autoPause": true, "autoPauseMemory": false}),
+        ))
+        .unwrap();
+        assert_eq!(files.on_timeout, model::OnTimeout::Pause);
+        assert_eq!(files.pause_mode, model::PauseMode::Filesystem);
         let kept = lifecycle(&req(
             serde_json::json!({"autoPause": true, "autoPauseMemory": true}),
-        ));
-        assert_eq!(kept.unwrap().on_timeout, model::OnTimeout::Pause);
+        ))
+        .unwrap();
+        assert_eq!(kept.on_timeout, model::OnTimeout::Pause);
+        assert_eq!(kept.pause_mode, model::PauseMode::Full);
+        let unsaid = lifecycle(&req(serde_json::json!({"autoPause": true}))).unwrap();
+        assert_eq!(unsaid.pause_mode, model::PauseMode::Full);
     }
 
     #[test]
@@ -736,7 +749,7 @@ mod tests {
         for bad in [
             serde_json::json!({"autoResume": {"enabled": true}}),
             serde_json::json!({"autoPause": true, "autoResume": true}),
-            serde_json::json!({"autoPause": true, "autoPauseMemory": false}),
+            serde_json::json!({"autoPauseMemory": false}),
         ] {
             assert_eq!(
                 lifecycle_of(bad.clone()).unwrap_err().status.as_u16(),

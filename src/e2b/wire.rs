@@ -130,6 +130,10 @@ pub struct SandboxDetail {
     /// The team's volumes mounted in the sandbox.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<VolumeMount>,
+    /// While paused: `full` (memory kept) or `filesystem` (files only; the next resume boots
+    /// fresh). Omitted while running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<&'static str>,
 }
 
 /// e2b's `SandboxVolumeMount`: a team volume by name, and where it shows in the sandbox.
@@ -177,7 +181,8 @@ pub struct RefreshRequest {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseRequest {
-    /// `false` asks for a filesystem-only pause, which this runtime does not offer.
+    /// `false` keeps only the sandbox's files (the instance is destroyed; its next resume
+    /// boots fresh from them).
     pub memory: Option<bool>,
     pub require_healthy_guest: Option<bool>,
 }
@@ -187,7 +192,7 @@ pub struct PauseRequest {
 pub struct ConnectRequest {
     /// Seconds; the lease is extended to at least this, never shortened.
     pub timeout: Option<i64>,
-    /// `false` asks for a reboot from disk, which this runtime does not offer.
+    /// `false` boots the paused sandbox fresh from its files, even after a full pause.
     pub memory: Option<bool>,
 }
 

@@ -19,7 +19,7 @@ pub use lease::LeasePolicy;
 pub use pool::{PoolKey, PoolTarget, SizeTier};
 pub use sandbox::{
     CheckpointFilter, CheckpointRecord, DEFAULT_NAMESPACE, InventoryChange, InventoryEvent,
-    Lifecycle, LostClaim, NodeInfo, NodeLimits, OnTimeout, PausedSince, Phase, PoolStatus,
-    SandboxRecord, SandboxStats, TemplateInfo, TemplateUsage, VolumeMount, claim_ref,
-    split_claim_ref,
+    Lifecycle, LostClaim, NodeInfo, NodeLimits, OnTimeout, PauseChange, PauseMode, PausedSince,
+    Phase, PoolStatus, SandboxRecord, SandboxStats, TemplateInfo, TemplateUsage, VolumeMount,
+    claim_ref, split_claim_ref,
 };

@@ -69,12 +69,56 @@ impl OnTimeout {
     }
 }
 
+/// What a pause keeps: the sandbox's memory and processes (`Full`), or only its files
+/// (`Filesystem`: the instance is destroyed and its next resume boots fresh from them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseMode {
+    #[default]
+    Full,
+    Filesystem,
+}
+
+impl PauseMode {
+    /// The e2b spelling (`pauseMode`), also used on the node wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Full => "full",
+            PauseMode::Filesystem => "filesystem",
+        }
+    }
+
+    /// Reads the wire spelling; empty means the default (full).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "" | "full" => Ok(PauseMode::Full),
+            "filesystem" => Ok(PauseMode::Filesystem),
+            other => Err(Error::invalid(format!(
+                "pause mode {other:?} is neither \"full\" nor \"filesystem\""
+            ))),
+        }
+    }
+}
+
+/// A change of a sandbox's paused state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseChange {
+    Pause(PauseMode),
+    /// `cold`: boot fresh from the sandbox's files even when its pause kept its memory.
+    Resume {
+        cold: bool,
+    },
+}
+
 /// A sandbox's lifecycle policy, chosen at claim.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lifecycle {
     pub on_timeout: OnTimeout,
     /// Whether reaching the sandbox's data plane resumes it when it is paused.
     pub auto_resume: bool,
+    /// How the end of the lease pauses, when `on_timeout` is pause.
+    #[serde(default)]
+    pub pause_mode: PauseMode,
 }
 
 /// When a paused sandbox was paused and how long its node keeps it.
@@ -83,6 +127,9 @@ pub struct PausedSince {
     pub at: DateTime<Utc>,
     /// The end of the paused retention: the node releases the sandbox then.
     pub until: DateTime<Utc>,
+    /// What the pause kept.
+    #[serde(default)]
+    pub mode: PauseMode,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +228,18 @@ impl SandboxRecord {
             Some(p) if self.phase == Phase::Paused => p.until,
             _ => self.deadline,
         }
+    }
+
+    /// The pause's mode while the sandbox is paused.
+    pub fn pause_mode(&self) -> Option<PauseMode> {
+        self.paused
+            .filter(|_| self.phase == Phase::Paused)
+            .map(|p| p.mode)
+    }
+
+    /// Whether the sandbox is paused with only its files kept (it has no instance).
+    pub fn paused_on_disk(&self) -> bool {
+        self.pause_mode() == Some(PauseMode::Filesystem)
     }
 
     pub fn without_token(mut self) -> Self {

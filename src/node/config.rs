@@ -166,6 +166,8 @@ pub struct Paths {
     pub scratch: PathBuf,
     /// Blank disk images, one per size.
     pub disks: PathBuf,
+    /// The files of sandboxes paused without their memory, one directory per sandbox id.
+    pub paused: PathBuf,
     /// runsc's state (the gvisor runtime).
     pub runsc: PathBuf,
 }
@@ -181,6 +183,7 @@ impl Paths {
             templates: templates.map_or_else(|| root.join("templates"), Path::to_path_buf),
             scratch: root.join("scratch"),
             disks: root.join("disks"),
+            paused: root.join("paused"),
             runsc: root.join("runsc"),
         }
     }

@@ -140,6 +140,12 @@ impl<R: Runtime> Node<R> {
             if !record.lifecycle.auto_resume {
                 return Err(Error::conflict(format!("sandbox {id} is paused")));
             }
+            if record.paused_on_disk() {
+                // As on e2b: traffic never cold-boots a sandbox; connect does.
+                return Err(Error::conflict(format!(
+                    "sandbox {id} is paused without its memory (filesystem-only); traffic does not resume it, connect does"
+                )));
+            }
             // Reaching an auto-resuming sandbox wakes it, as on e2b.
             self.set_paused(&id, false).await?;
             tracing::info!(id, "resumed by data-plane traffic");

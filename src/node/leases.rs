@@ -117,6 +117,8 @@ impl<R: Runtime> Node<R> {
             let st = self.state();
             st.claims
                 .values()
+                // A sandbox paused on disk has no instance to die.
+                .filter(|c| !c.record.paused_on_disk())
                 .filter(|c| !self.inner.runtime.is_alive(&c.instance))
                 .map(|c| (c.record.id.clone(), c.record.claim_ref.clone()))
                 .collect()

@@ -45,6 +45,7 @@ impl<R: Runtime> Node<R> {
             let next = model::Lifecycle {
                 on_timeout,
                 auto_resume: c.record.lifecycle.auto_resume && on_timeout == OnTimeout::Pause,
+                pause_mode: c.record.lifecycle.pause_mode,
             };
             let changed = next != c.record.lifecycle;
             c.record.lifecycle = next;

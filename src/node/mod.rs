@@ -15,6 +15,7 @@ pub mod logs;
 mod metadata;
 mod network;
 mod ops;
+mod pause;
 mod pools;
 mod readiness;
 pub mod runtime;
@@ -297,9 +298,10 @@ impl<R: Runtime> Node<R> {
         }
         lost.truncate(LOST_MEMORY);
         runtime.reclaim_orphans().await;
-        for dir in [&paths.sandboxes, &paths.scratch] {
-            // Nothing in these survives a restart: claims were handled above, warm instances
-            // and captures in flight are rebuilt.
+        for dir in [&paths.sandboxes, &paths.scratch, &paths.paused] {
+            // Nothing in these survives a restart: claims were handled above (a paused
+            // sandbox, whether its memory or only its files were kept, is lost with the rest),
+            // warm instances and captures in flight are rebuilt.
             let _ = std::fs::remove_dir_all(dir);
             std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         }
@@ -845,8 +847,13 @@ impl<R: Runtime> Node<R> {
             (claims, warm)
         };
         let runtime = &self.inner.runtime;
+        for c in claims.iter().filter(|c| c.record.paused_on_disk()) {
+            let _ = tokio::fs::remove_dir_all(self.saved_files(&c.record.id)).await;
+        }
         let destroys = claims
             .iter()
+            // A sandbox paused on disk has no instance left.
+            .filter(|c| !c.record.paused_on_disk())
             .map(|c| &c.instance)
             .chain(warm.iter())
             .map(|i| runtime.destroy(i));

@@ -88,7 +88,9 @@ impl<R: Runtime> Node<R> {
             )));
         }
         let rules = self.egress_for(&current.key, &policy, current.namespace())?;
-        if current.key.net == "egress" {
+        // A sandbox paused on disk has no instance: its next boot gets the new rules (and
+        // its /init the CA they need).
+        if current.key.net == "egress" && !current.paused_on_disk() {
             // The sandbox trusts the proxy's CA before the proxy intercepts anything.
             let next = SandboxRecord {
                 network: policy.clone(),

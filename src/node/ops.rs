@@ -213,7 +213,12 @@ impl<R: Runtime> Node<R> {
         };
         tracing::info!(id, claim_ref = %claim.record.claim_ref, why, "sandbox released");
         self.changed();
-        self.destroy_later(claim.instance, why);
+        if claim.record.paused_on_disk() {
+            // Its instance went at the pause; its files are all that is left.
+            self.discard_saved_files(id);
+        } else {
+            self.destroy_later(claim.instance, why);
+        }
         Ok(true)
     }
 
@@ -263,78 +268,6 @@ impl<R: Runtime> Node<R> {
         Ok((wanted, true))
     }
 
-    /// Freezes (`pause = true`) or thaws the sandbox. Repeating either is not an error: the
-    /// answer says whether the state changed.
-    pub async fn set_paused(&self, id: &str, pause: bool) -> Result<(SandboxRecord, bool)> {
-        self.set_paused_when(id, pause, |_| true).await
-    }
-
-    /// Pauses the sandbox if `still` holds for its record once its verb lock is held;
-    /// answers whether it paused it.
-    pub(super) async fn pause_when(
-        &self,
-        id: &str,
-        still: impl Fn(&SandboxRecord) -> bool,
-    ) -> Result<bool> {
-        Ok(self.set_paused_when(id, true, still).await?.1)
-    }
-
-    async fn set_paused_when(
-        &self,
-        id: &str,
-        pause: bool,
-        still: impl Fn(&SandboxRecord) -> bool,
-    ) -> Result<(SandboxRecord, bool)> {
-        let (op, inst) = self.claim_handle(id)?;
-        let _guard = op.lock_owned().await;
-        let current = self.record_of(id)?;
-        if (current.phase == Phase::Paused) == pause || !still(&current) {
-            return Ok((current, false));
-        }
-        if pause {
-            self.inner.runtime.pause(&inst).await?;
-        } else {
-            self.inner.runtime.resume(&inst).await?;
-        }
-        let mut st = self.state();
-        let Some(c) = st.claims.get_mut(id) else {
-            return Err(self.not_found(&st, id));
-        };
-        c.record.phase = if pause { Phase::Paused } else { Phase::Running };
-        let now = Utc::now();
-        if pause {
-            let until = model::lease::after(now, self.inner.cfg.paused_retention);
-            c.record.paused = Some(model::PausedSince { at: now, until });
-            let until = until.to_rfc3339();
-            c.instance.logs.note(
-                model::logs::LogLevel::Info,
-                format!("paused; kept until {until} unless resumed"),
-            );
-        } else {
-            // Time spent paused does not count: the lease starts again.
-            c.record.paused = None;
-            c.record.deadline = self.inner.cfg.lease.deadline(now, c.record.lease_seconds);
-            let secs = c.record.lease_seconds;
-            c.instance.logs.note(
-                model::logs::LogLevel::Info,
-                format!("resumed; lease of {secs} s granted again"),
-            );
-        }
-        if pause {
-            // Connections into a frozen sandbox would hang; close them, so clients see it is
-            // not running.
-            std::mem::replace(&mut c.tunnels, tokio_util::sync::CancellationToken::new()).cancel();
-        }
-        let record = c.record.clone();
-        st.emit(
-            &self.inner.events,
-            InventoryChange::Modified(record.clone().without_token()),
-        );
-        drop(st);
-        self.changed();
-        Ok((record, true))
-    }
-
     /// Branches `count` children from the sandbox's current state, all or nothing. Children
     /// get their own leases from `ttl_seconds` and claim refs `prefix + child id`, in request
     /// order. The source keeps its state (a paused source stays paused).
@@ -362,6 +295,7 @@ impl<R: Runtime> Node<R> {
         let (op, inst) = self.claim_handle(id)?;
         let _guard = op.lock_owned().await;
         let parent = self.record_of(id)?;
+        refuse_on_disk(&parent, "forked")?;
         let template = self.template(&parent.key.template)?;
         // Children keep their parent's policy, in force before their first instruction.
         let egress = self.egress_for(&parent.key, &parent.network, parent.namespace())?;
@@ -436,6 +370,7 @@ impl<R: Runtime> Node<R> {
         let (op, inst) = self.claim_handle(id)?;
         let _guard = op.lock_owned().await;
         let source = self.record_of(id)?;
+        refuse_on_disk(&source, "snapshotted")?;
         if memory && !self.inner.runtime.captures_memory(&source.key.net) {
             return Err(Error::invalid(format!(
                 "memory snapshots are not available for sandbox {id}: the {} runtime captures {} (a snapshot holds the sandbox's files); omit memory or set it to false",
@@ -601,7 +536,12 @@ impl<R: Runtime> Node<R> {
 
     pub async fn stats(&self, id: &str) -> Result<SandboxStats> {
         let (_, inst) = self.claim_handle(id)?;
-        let usage = self.inner.runtime.usage(&inst).await?;
+        let usage = if self.record_of(id)?.paused_on_disk() {
+            // Nothing of it runs: it uses no CPU or memory.
+            super::runtime::Usage::default()
+        } else {
+            self.inner.runtime.usage(&inst).await?
+        };
         let (disk_used, disk_total) = (usage.disk_used, usage.disk_total);
         let now = Instant::now();
         let mut st = self.state();
@@ -631,4 +571,15 @@ impl<R: Runtime> Node<R> {
             process_count: usage.processes,
         })
     }
+}
+
+/// A sandbox paused on disk has no instance to capture from.
+fn refuse_on_disk(r: &SandboxRecord, verb: &str) -> Result<()> {
+    if r.paused_on_disk() {
+        return Err(Error::conflict(format!(
+            "sandbox {} is paused without its memory (filesystem-only) and cannot be {verb}; resume it first",
+            r.id
+        )));
+    }
+    Ok(())
 }

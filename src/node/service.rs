@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use super::runtime::Runtime;
 use super::{ClaimSpec, Node};
 use crate::model::builds::{BuildQuery, FilesRef, RequestBuild, StartBuild, TemplateOp};
-use crate::model::{self, Error, InventoryChange, InventoryEvent};
+use crate::model::{self, Error, InventoryChange, InventoryEvent, PauseChange};
 use crate::proto::{self, node_server};
 
 pub struct NodeService<R: Runtime> {
@@ -58,21 +58,24 @@ fn key_of(key: Option<proto::PoolKey>) -> model::Result<model::PoolKey> {
 macro_rules! claim_spec {
     ($r:expr) => {{
         let r = &mut $r;
-        model::OnTimeout::parse(&r.on_timeout).map(|on_timeout| ClaimSpec {
-            ttl_seconds: r.ttl_seconds,
-            claim_ref: std::mem::take(&mut r.claim_ref),
-            metadata: std::mem::take(&mut r.metadata).into_iter().collect(),
-            env_vars: std::mem::take(&mut r.env_vars).into_iter().collect(),
-            lifecycle: model::Lifecycle {
-                on_timeout,
-                auto_resume: r.auto_resume,
-            },
-            network: r.network.take().map(Into::into).unwrap_or_default(),
-            volume_mounts: std::mem::take(&mut r.volume_mounts)
-                .into_iter()
-                .map(Into::into)
-                .collect(),
-        })
+        model::OnTimeout::parse(&r.on_timeout)
+            .and_then(|t| Ok((t, model::PauseMode::parse(&r.auto_pause_mode)?)))
+            .map(|(on_timeout, pause_mode)| ClaimSpec {
+                ttl_seconds: r.ttl_seconds,
+                claim_ref: std::mem::take(&mut r.claim_ref),
+                metadata: std::mem::take(&mut r.metadata).into_iter().collect(),
+                env_vars: std::mem::take(&mut r.env_vars).into_iter().collect(),
+                lifecycle: model::Lifecycle {
+                    on_timeout,
+                    auto_resume: r.auto_resume,
+                    pause_mode,
+                },
+                network: r.network.take().map(Into::into).unwrap_or_default(),
+                volume_mounts: std::mem::take(&mut r.volume_mounts)
+                    .into_iter()
+                    .map(Into::into)
+                    .collect(),
+            })
     }};
 }
 
@@ -151,12 +154,20 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
         }))
     }
 
-    async fn pause(&self, req: Request<proto::SandboxRef>) -> Reply<proto::StateChange> {
-        self.set_paused(req.into_inner().id, true).await
+    async fn pause(&self, req: Request<proto::PauseRequest>) -> Reply<proto::StateChange> {
+        let r = req.into_inner();
+        let mode = if r.filesystem {
+            model::PauseMode::Filesystem
+        } else {
+            model::PauseMode::Full
+        };
+        self.set_paused(r.id, PauseChange::Pause(mode)).await
     }
 
-    async fn resume(&self, req: Request<proto::SandboxRef>) -> Reply<proto::StateChange> {
-        self.set_paused(req.into_inner().id, false).await
+    async fn resume(&self, req: Request<proto::ResumeRequest>) -> Reply<proto::StateChange> {
+        let r = req.into_inner();
+        self.set_paused(r.id, PauseChange::Resume { cold: r.cold })
+            .await
     }
 
     async fn fork(&self, req: Request<proto::ForkRequest>) -> Reply<proto::ForkReply> {
@@ -338,9 +349,10 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
 }
 
 impl<R: Runtime> NodeService<R> {
-    async fn set_paused(&self, id: String, pause: bool) -> Reply<proto::StateChange> {
+    async fn set_paused(&self, id: String, change: PauseChange) -> Reply<proto::StateChange> {
         let node = self.node.clone();
-        let (record, changed) = detached(async move { node.set_paused(&id, pause).await }).await?;
+        let (record, changed) =
+            detached(async move { node.change_pause(&id, change).await }).await?;
         Ok(Response::new(proto::StateChange {
             changed,
             sandbox: Some((&record).into()),

@@ -171,6 +171,11 @@ impl From<&model::SandboxRecord> for super::Sandbox {
             network: Some((&r.network).into()),
             volume_mounts: r.volume_mounts.iter().map(Into::into).collect(),
             inventory_revision: 0,
+            pause_mode: r
+                .pause_mode()
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default(),
+            auto_pause_mode: r.lifecycle.pause_mode.as_str().to_string(),
         }
     }
 }
@@ -207,11 +212,14 @@ impl From<super::Sandbox> for model::SandboxRecord {
             lifecycle: model::Lifecycle {
                 on_timeout: model::OnTimeout::parse(&s.on_timeout).unwrap_or_default(),
                 auto_resume: s.auto_resume,
+                pause_mode: model::PauseMode::parse(&s.auto_pause_mode).unwrap_or_default(),
             },
             lease_seconds: s.lease_seconds,
             paused: (s.paused_at_ms != 0).then(|| model::PausedSince {
                 at: from_ms(s.paused_at_ms),
                 until: from_ms(s.retain_until_ms),
+                // An older node does not say: its pauses keep memory.
+                mode: model::PauseMode::parse(&s.pause_mode).unwrap_or_default(),
             }),
             network: s.network.map(Into::into).unwrap_or_default(),
             volume_mounts: s.volume_mounts.into_iter().map(Into::into).collect(),

@@ -91,6 +91,13 @@ impl Runtime for AnyRuntime {
         }
     }
 
+    fn captures_files(&self) -> Result<()> {
+        match self {
+            AnyRuntime::Builtin(r) => r.captures_files(),
+            AnyRuntime::Gvisor(r) => r.captures_files(),
+        }
+    }
+
     fn enforces_egress(&self) -> bool {
         match self {
             AnyRuntime::Builtin(r) => r.enforces_egress(),

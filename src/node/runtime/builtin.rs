@@ -517,6 +517,12 @@ impl Runtime for BuiltinRuntime {
         outcome
     }
 
+    fn captures_files(&self) -> Result<()> {
+        // A capture is the disk holding the overlay's upper directory; a boot from it is a
+        // fresh supervisor, init and agent over those files.
+        Ok(())
+    }
+
     async fn commit(
         &self,
         inst: &Instance<BuiltinHandle>,

@@ -97,6 +97,15 @@ pub trait Runtime: Send + Sync + 'static {
         false
     }
 
+    /// Ok when a `capture` of a paused instance holds its files apart from its processes and
+    /// `boot` from it starts fresh processes over them (a filesystem-only pause); else why not.
+    fn captures_files(&self) -> Result<()> {
+        Err(Error::invalid(format!(
+            "a filesystem-only pause (memory: false) is not available on the {} runtime; pause with memory instead",
+            self.name()
+        )))
+    }
+
     /// Whether `set_egress` (and `BootSpec::egress`) can be enforced here.
     fn enforces_egress(&self) -> bool {
         false

@@ -93,6 +93,17 @@ def test_internet_sandboxes_pause_in_memory_and_refuse_snapshots():
         s.kill()
 
 
+def test_a_filesystem_only_pause_is_refused_and_the_sandbox_runs_on(sbx):
+    # runsc keeps a sandbox's file writes in its in-memory root overlay, which cannot be saved
+    # apart from its processes: 400 naming that, and nothing changes.
+    n, pid = start_counter(sbx)
+    with pytest.raises(SandboxException) as e:
+        sbx.pause(mode="filesystem")
+    assert "400" in str(e.value) and "gvisor" in str(e.value), str(e.value)
+    assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
+    keeps_counting(sbx, n, pid)
+
+
 def test_volume_mounts_are_refused_by_name():
     import os
     import uuid

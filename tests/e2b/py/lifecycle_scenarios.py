@@ -186,14 +186,16 @@ def test_kill_is_the_default_and_options_the_gateway_cannot_keep_are_refused():
         "auto_resume": False,
     }
     wait_gone(sbx.sandbox_id, 20, "the sandbox outlived its timeout")
-    # A filesystem-only auto-pause would drop memory this gateway keeps: refused, nothing made.
+    # e2b's own rule: a filesystem-only auto-pause cannot be combined with auto_resume.
     before = len(Sandbox.list().next_items())
-    with pytest.raises((SandboxException, InvalidArgumentException)) as e:
+    with pytest.raises((SandboxException, InvalidArgumentException)):
         Sandbox.create(
             timeout=30,
-            lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}},
+            lifecycle={
+                "on_timeout": {"action": "pause", "mode": "filesystem"},
+                "auto_resume": True,
+            },
         )
-    assert "filesystem" in str(e.value)
     assert len(Sandbox.list().next_items()) == before
 
 
@@ -251,3 +253,148 @@ def test_logs_show_the_lifecycle_and_each_command():
     # A gone sandbox: not found.
     gone = logs_v2.sync_detailed(sbx.sandbox_id, client=api)
     assert gone.status_code == 404
+
+
+# ---------------------------------------------------------------------------------------------
+# Filesystem-only pause: the files are kept, the processes are not, the identity is.
+
+PAUSED_DIR = os.environ.get("PAUSED_DIR", "")
+
+
+def pause_mode(sandbox_id: str):
+    """`pauseMode` of GET /sandboxes/{id} (None when absent)."""
+    from e2b.api import ApiClient
+    from e2b.api.client.api.sandboxes import get_sandboxes_sandbox_id
+    from e2b.connection_config import ConnectionConfig
+
+    got = get_sandboxes_sandbox_id.sync_detailed(sandbox_id, client=ApiClient(ConnectionConfig()))
+    assert got.status_code == 200, got.content
+    parsed = got.parsed
+    mode = getattr(parsed, "pause_mode", None)
+    if mode is None or type(mode).__name__ == "Unset":
+        mode = parsed.additional_properties.get("pauseMode")
+    return getattr(mode, "value", mode)
+
+
+def saved_dirs() -> list:
+    return sorted(os.listdir(PAUSED_DIR)) if PAUSED_DIR else []
+
+
+def init_started(sbx: Sandbox) -> str:
+    """When the sandbox's PID 1 started (clock ticks since the host booted): a fresh boot of
+    the built-in runtime, which shares the host's kernel and so its boot_id, changes it."""
+    return sbx.commands.run("cut -d' ' -f22 /proc/1/stat").stdout.strip()
+
+
+def counter_running(sbx: Sandbox) -> bool:
+    """Whether the counter runs (by its command line: a fresh pid namespace reuses pids)."""
+    return sbx.commands.run("pgrep -f 'n[.]tmp' || echo none").stdout.strip() != "none"
+
+
+def test_a_filesystem_only_pause_keeps_files_and_identity_and_drops_processes():
+    sbx = Sandbox.create(timeout=120, envs={"FSP_VAR": "kept-env"})
+    try:
+        sbx.commands.run("echo kept > $HOME/kept.txt")
+        start_counter(sbx)
+        assert counter_running(sbx)
+        started = init_started(sbx)
+        token = sbx._envd_access_token
+        assert sbx.pause(mode="filesystem")
+        info = Sandbox.get_info(sbx.sandbox_id)
+        assert info.state == SandboxState.PAUSED
+        assert pause_mode(sbx.sandbox_id) == "filesystem"
+        assert not sbx.is_running()
+        if PAUSED_DIR:
+            assert len(saved_dirs()) == 1, saved_dirs()
+        # Pausing a paused sandbox is a conflict (the SDK answers False), whatever the mode.
+        assert Sandbox.pause(sbx.sandbox_id) is False
+
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.sandbox_id == sbx.sandbox_id
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+        assert pause_mode(sbx.sandbox_id) is None
+        assert again.is_running()
+        # The same envd access token opens the fresh instance.
+        assert again._envd_access_token == token
+        assert again.commands.run("cat $HOME/kept.txt").stdout.strip() == "kept"
+        assert again.commands.run("echo $FSP_VAR").stdout.strip() == "kept-env"
+        assert not counter_running(again)
+        assert init_started(again) != started, "the sandbox did not boot afresh"
+        if PAUSED_DIR:
+            assert saved_dirs() == [], "a resumed sandbox's saved files outlived its boot"
+
+        # Paused on disk again, then killed: nothing of it remains.
+        assert again.pause(mode="filesystem")
+        again.kill()
+        if PAUSED_DIR:
+            deadline = time.monotonic() + 10
+            while saved_dirs():
+                assert time.monotonic() < deadline, f"saved files left: {saved_dirs()}"
+                time.sleep(0.2)
+    finally:
+        try:
+            sbx.kill()
+        except SandboxException:
+            pass
+
+
+def test_a_filesystem_only_auto_pause_then_connect_boots_fresh():
+    sbx = Sandbox.create(
+        timeout=60, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}
+    )
+    try:
+        assert Sandbox.get_info(sbx.sandbox_id).lifecycle["on_timeout"] == "pause"
+        sbx.commands.run("echo auto > $HOME/auto.txt")
+        start_counter(sbx)
+        started = init_started(sbx)
+        sbx.set_timeout(0)
+        wait_state(sbx.sandbox_id, "paused", 30)
+        assert pause_mode(sbx.sandbox_id) == "filesystem"
+        assert not sbx.is_running()
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.commands.run("cat $HOME/auto.txt").stdout.strip() == "auto"
+        assert not counter_running(again)
+        assert init_started(again) != started
+    finally:
+        sbx.kill()
+
+
+def test_connect_with_memory_false_cold_boots_a_full_pause():
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.commands.run("echo full > $HOME/full.txt")
+        start_counter(sbx)
+        started = init_started(sbx)
+        assert sbx.pause()
+        assert pause_mode(sbx.sandbox_id) == "full"
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60, on_resume="reboot")
+        assert again.commands.run("cat $HOME/full.txt").stdout.strip() == "full"
+        assert not counter_running(again)
+        assert init_started(again) != started
+        # A plain full pause and connect still keep the processes (the old counter's file
+        # was kept with the files: it goes first).
+        again.commands.run("rm -f /tmp/n")
+        pid2, n1 = start_counter(again)
+        assert again.pause()
+        kept = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        time.sleep(0.3)
+        pid3, n2 = counter(kept)
+        assert pid3 == pid2 and n2 > n1
+    finally:
+        sbx.kill()
+
+
+def test_traffic_does_not_resume_a_filesystem_only_pause():
+    # auto_resume wakes a sandbox paused with its memory; one paused with its files only needs
+    # a cold boot, which only connect does (as on e2b).
+    sbx = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sbx.commands.run("echo woke > $HOME/woke.txt")
+        assert sbx.pause(mode="filesystem")
+        with pytest.raises(SandboxException):
+            sbx.commands.run("true", request_timeout=10)
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        again = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert again.commands.run("cat $HOME/woke.txt").stdout.strip() == "woke"
+    finally:
+        sbx.kill()

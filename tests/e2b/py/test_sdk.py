@@ -493,12 +493,17 @@ def filesystem_pause(target):
 def test_pause_and_connect_resume(cleanup):
     sbx = cleanup.create(timeout=300)
 
-    with pytest.raises(SandboxException) as e:
-        filesystem_pause(sbx)
-    assert status_of(e.value) == 400, repr(e.value)
+    # A filesystem-only pause keeps the sandbox (same id) with its files; GET says so.
+    assert filesystem_pause(sbx) is True
+    assert sbx.get_info().state == SandboxState.PAUSED
+    assert raw("GET", f"/sandboxes/{sbx.sandbox_id}").json()["pauseMode"] == "filesystem"
+    assert filesystem_pause(sbx) is False  # 409: already paused
+    assert Sandbox.connect(sbx.sandbox_id, timeout=60).sandbox_id == sbx.sandbox_id
     assert sbx.get_info().state == SandboxState.RUNNING
+    assert "pauseMode" not in raw("GET", f"/sandboxes/{sbx.sandbox_id}").json()
 
     assert sbx.pause() is True
+    assert raw("GET", f"/sandboxes/{sbx.sandbox_id}").json()["pauseMode"] == "full"
     info = sbx.get_info()
     assert info.state == SandboxState.PAUSED
     assert ids(list_all(SandboxQuery(metadata=tag(), state=[SandboxState.PAUSED]))) == [
@@ -506,12 +511,6 @@ def test_pause_and_connect_resume(cleanup):
     ]
     assert sbx.pause() is False  # 409: already paused
     assert Sandbox.pause(sbx.sandbox_id) is False
-
-    # Resuming by rebooting from disk is refused; the sandbox stays paused.
-    with pytest.raises(SandboxException) as e:
-        Sandbox.connect(sbx.sandbox_id, on_resume="reboot")
-    assert status_of(e.value) == 400, repr(e.value)
-    assert sbx.get_info().state == SandboxState.PAUSED
 
     # connect resumes a paused sandbox.
     same = Sandbox.connect(sbx.sandbox_id, timeout=60)
@@ -527,6 +526,15 @@ def test_pause_and_connect_resume(cleanup):
     # Pausing works again after a resume, and so does the instance connect.
     assert Sandbox.pause(sbx.sandbox_id) is True
     assert sbx.connect() is sbx
+    assert sbx.get_info().state == SandboxState.RUNNING
+
+    # Resuming a full pause by rebooting from its files (memory: false) works too.
+    assert sbx.pause() is True
+    if _has_param(Sandbox.connect, "on_resume"):
+        Sandbox.connect(sbx.sandbox_id, timeout=60, on_resume="reboot")
+    else:  # 2.50.0 cannot say it: the raw route
+        r = raw("POST", f"/sandboxes/{sbx.sandbox_id}/resume", json={"memory": False})
+        assert r.status_code == 201, r.text
     assert sbx.get_info().state == SandboxState.RUNNING
 
 

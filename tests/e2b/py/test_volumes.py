@@ -120,6 +120,15 @@ def test_two_sandboxes_share_a_volume_and_its_files_outlive_them(volume):
             volume.read_file("/link")
         assert not volume.exists("/top/etc/passwd")
         assert a.get_info().volume_mounts == [{"name": volume.name, "path": "/mnt/work"}]
+        # A filesystem-only pause and resume boots a fresh instance: the volume is mounted again.
+        if os.environ.get("E2B_SDK_VERSION") == "2.50.0":
+            a.pause(keep_memory=False)
+        else:
+            a.pause(mode="filesystem")
+        a.connect()
+        assert a.commands.run("cat /mnt/work/b/b.txt").stdout == "from b\n"
+        a.commands.run("echo after resume > /mnt/work/resumed.txt")
+        assert b.commands.run("cat /mnt/work/resumed.txt").stdout == "after resume\n"
     finally:
         a.kill()
         b.kill()

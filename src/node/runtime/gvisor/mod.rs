@@ -570,6 +570,12 @@ impl Runtime for GvisorRuntime {
         self.builds.is_ok()
     }
 
+    fn captures_files(&self) -> Result<()> {
+        Err(Error::invalid(
+            "a filesystem-only pause (memory: false) is not available on the gvisor runtime: a sandbox's file writes live in runsc's in-memory root overlay, which cannot be saved apart from its processes; pause with memory (the default) instead",
+        ))
+    }
+
     fn captures_memory(&self, net: &str) -> bool {
         // This runsc cannot save internet connections (not even closed ones it still tracks),
         // and a failed checkpoint ends the sandbox.
