@@ -212,6 +212,17 @@ async fn on_files<T: Send + 'static>(
 
 type Q = web::Query<ContentQuery>;
 
+/// Runs `f` on the files of the volume the request's token opens.
+async fn on_volume<T: Send + 'static>(
+    e2b: &Data,
+    req: &HttpRequest,
+    id: web::Path<String>,
+    f: impl FnOnce(&Root) -> crate::model::Result<T> + Send + 'static,
+) -> ApiResult<T> {
+    let root = files(e2b, req, id.into_inner()).await?;
+    on_files(root, f).await
+}
+
 #[utoipa::path(get, path = "/volumecontent/{volumeID}/dir", tag = "volumes",
     operation_id = "list_volume_dir",
     params(("volumeID" = String, Path), ("path" = String, Query), ("depth" = Option<u32>, Query)),
@@ -224,9 +235,8 @@ pub async fn list_dir(
     id: web::Path<String>,
     q: Q,
 ) -> ApiResult<HttpResponse> {
-    let root = files(&e2b, &req, id.into_inner()).await?;
     let (path, depth) = (q.path.clone(), q.depth.unwrap_or(1));
-    let entries = on_files(root, move |r| r.list(&path, depth)).await?;
+    let entries = on_volume(&e2b, &req, id, move |r| r.list(&path, depth)).await?;
     Ok(ok_json(StatusCode::OK, &entries))
 }
 
@@ -245,9 +255,8 @@ pub async fn make_dir(
     id: web::Path<String>,
     q: Q,
 ) -> ApiResult<HttpResponse> {
-    let root = files(&e2b, &req, id.into_inner()).await?;
     let (path, meta, force) = (q.path.clone(), q.meta(), q.force.unwrap_or(false));
-    let made = on_files(root, move |r| r.make_dir(&path, meta, force)).await?;
+    let made = on_volume(&e2b, &req, id, move |r| r.make_dir(&path, meta, force)).await?;
     Ok(ok_json(StatusCode::CREATED, &made))
 }
 
@@ -264,9 +273,8 @@ pub async fn read_file(
     id: web::Path<String>,
     q: Q,
 ) -> ApiResult<HttpResponse> {
-    let root = files(&e2b, &req, id.into_inner()).await?;
     let path = q.path.clone();
-    let file = on_files(root, move |r| r.read_file(&path)).await?;
+    let file = on_volume(&e2b, &req, id, move |r| r.read_file(&path)).await?;
     let len = file.metadata().map(|m| m.len()).ok();
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     let mut res = HttpResponse::Ok();
@@ -348,9 +356,8 @@ pub async fn stat(
     id: web::Path<String>,
     q: Q,
 ) -> ApiResult<HttpResponse> {
-    let root = files(&e2b, &req, id.into_inner()).await?;
     let path = q.path.clone();
-    let st = on_files(root, move |r| r.stat(&path)).await?;
+    let st = on_volume(&e2b, &req, id, move |r| r.stat(&path)).await?;
     Ok(ok_json(StatusCode::OK, &st))
 }
 
@@ -367,14 +374,13 @@ pub async fn update(
     q: Q,
     body: Body<MetaUpdate>,
 ) -> ApiResult<HttpResponse> {
-    let root = files(&e2b, &req, id.into_inner()).await?;
     let path = q.path.clone();
     let meta = Meta {
         uid: body.0.uid,
         gid: body.0.gid,
         mode: body.0.mode,
     };
-    let st = on_files(root, move |r| r.set_meta(&path, meta)).await?;
+    let st = on_volume(&e2b, &req, id, move |r| r.set_meta(&path, meta)).await?;
     Ok(ok_json(StatusCode::OK, &st))
 }
 
@@ -391,8 +397,7 @@ pub async fn remove(
     id: web::Path<String>,
     q: Q,
 ) -> ApiResult<HttpResponse> {
-    let root = files(&e2b, &req, id.into_inner()).await?;
     let path = q.path.clone();
-    on_files(root, move |r| r.remove(&path)).await?;
+    on_volume(&e2b, &req, id, move |r| r.remove(&path)).await?;
     Ok(HttpResponse::NoContent().finish())
 }

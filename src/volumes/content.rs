@@ -256,12 +256,9 @@ impl Root {
         Ok(out)
     }
 
-    /// Gives what was made at `name` in `dir` its owner and mode.
-    fn own(&self, dir: &OwnedFd, name: &str, meta: Meta, default_mode: u32) -> Result<()> {
-        let (uid, gid) = (
-            self.host_id(meta.uid)?,
-            self.host_id(meta.gid.or(meta.uid))?,
-        );
+    /// Gives `name` in `dir` (itself, never what a link names) the sandbox ids' owners.
+    fn chown(&self, dir: &OwnedFd, name: &str, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+        let (uid, gid) = (self.host_id(uid)?, self.host_id(gid.or(uid))?);
         nix::unistd::fchownat(
             dir.as_fd(),
             name,
@@ -269,7 +266,12 @@ impl Root {
             Some(Gid::from_raw(gid)),
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
-        .map_err(|e| errno("changing the owner of", name, e))?;
+        .map_err(|e| errno("changing the owner of", name, e))
+    }
+
+    /// Gives what was made at `name` in `dir` its owner and mode.
+    fn own(&self, dir: &OwnedFd, name: &str, meta: Meta, default_mode: u32) -> Result<()> {
+        self.chown(dir, name, meta.uid, meta.gid)?;
         let mode = Mode::from_bits_truncate(meta.mode.unwrap_or(default_mode) & 0o7777);
         nix::sys::stat::fchmodat(
             dir.as_fd(),
@@ -342,15 +344,7 @@ impl Root {
                     "{path:?} is a symbolic link: it has no mode of its own"
                 )));
             }
-            let (uid, gid) = (self.host_id(keep.uid)?, self.host_id(keep.gid)?);
-            nix::unistd::fchownat(
-                dir.as_fd(),
-                name,
-                Some(Uid::from_raw(uid)),
-                Some(Gid::from_raw(gid)),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| errno("changing the owner of", path, e))?;
+            self.chown(&dir, name, keep.uid, keep.gid)?;
         } else {
             self.own(&dir, name, keep, 0o644)?;
         }
