@@ -181,10 +181,10 @@ async fn e2b_wire_contract() {
         "Name is required",
     );
     assert_error(
-        &gw.call(Method::POST, "/volumes", a, Some(json!({"name": "v"})))
+        &gw.call(Method::POST, "/volumes", a, Some(json!({"name": "v w"})))
             .await,
-        501,
-        "not supported",
+        400,
+        "letters, digits",
     );
     assert_error(
         &gw.call(Method::POST, "/templates", a, Some(json!({"alias": "x"})))

@@ -1,7 +1,7 @@
 //! Sandbox lifecycle through the real e2b SDKs (Python 2.63.0, JS 2.51.0) against `serve`:
 //! pause at the end of the timeout, auto-resume on data-plane traffic, paused time not counted
-//! against the timeout, paused retention, and the refusals (tests/e2b/py/lifecycle_scenarios.py,
-//! tests/e2b/js/lifecycle.mjs).
+//! against the timeout, paused retention, the refusals, and volumes mounted in sandboxes
+//! (tests/e2b/py/lifecycle_scenarios.py and test_volumes.py, tests/e2b/js/lifecycle.mjs).
 
 mod common;
 
@@ -38,6 +38,12 @@ async fn lifecycle_with_the_sdks() {
     ];
     tokio::task::block_in_place(|| {
         scenarios::pytest("2.63.0", &["lifecycle_scenarios.py"], &[], &env, &[]);
+        // Volumes mounted in sandboxes, with both Python SDKs.
+        for version in ["2.63.0", "2.50.0"] {
+            let mut env = env.clone();
+            env.push(("E2B_SDK_VERSION", version.to_string()));
+            scenarios::pytest(version, &["test_volumes.py"], &[], &env, &[]);
+        }
         let script = repo().join("tests/e2b/js/lifecycle.mjs");
         scenarios::run(
             "js e2b 2.51.0 lifecycle",
