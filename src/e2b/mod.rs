@@ -153,7 +153,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/volumes", web::post().to(volumes::create))
         .route("/volumes/{volume}", web::get().to(volumes::get))
         .route("/volumes/{volume}", web::delete().to(volumes::delete))
-        .route("/volumes{tail:.*}", web::to(s::not_supported))
+        .route("/volumes{tail:.*}", web::to(volumes::other))
         .route(
             "/volumecontent/{volume}/dir",
             web::get().to(volumes::list_dir),

@@ -168,15 +168,16 @@ pub async fn delete(e2b: Data, tenant: Tenant, key: web::Path<String>) -> ApiRes
 pub async fn other(req: actix_web::HttpRequest) -> ApiResult<HttpResponse> {
     let rest = req.path().trim_start_matches("/secrets");
     let own = rest.is_empty() || rest.strip_prefix('/').is_some_and(|k| !k.contains('/'));
+    Err(not_served(&req, own))
+}
+
+/// A request no route serves: 405 when `own` (a path of the API, another method), else 404.
+pub fn not_served(req: &actix_web::HttpRequest, own: bool) -> ApiError {
     if own {
-        return Err(ApiError::new(
+        return ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{} is not a method of {}", req.method(), req.path()),
-        ));
+        );
     }
-    Err(ApiError::not_found(format!(
-        "no route for {} {}",
-        req.method(),
-        req.path()
-    )))
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.path()))
 }

@@ -401,3 +401,19 @@ pub async fn remove(
     on_volume(&e2b, &req, id, move |r| r.remove(&path)).await?;
     Ok(HttpResponse::NoContent().finish())
 }
+
+/// Any other method or path under `/volumes` or `/volumecontent`: 405 on the API's own paths,
+/// 404 elsewhere.
+pub async fn other(req: HttpRequest) -> ApiResult<HttpResponse> {
+    let path = req.path();
+    let own = if let Some(rest) = path.strip_prefix("/volumes") {
+        rest.is_empty() || rest.strip_prefix('/').is_some_and(|k| !k.contains('/'))
+    } else {
+        let parts: Vec<&str> = path
+            .trim_start_matches("/volumecontent/")
+            .split('/')
+            .collect();
+        parts.len() == 2 && ["dir", "file", "path"].contains(&parts[1])
+    };
+    Err(super::secrets::not_served(&req, own))
+}
