@@ -678,7 +678,7 @@ def test_a_kernel_reaches_nothing_of_the_host_or_other_sandboxes(tmp_path):
             "import json, os\n"
             "procs = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]\n"
             "print(json.dumps({'file': os.path.exists('/tmp/a-secret'),"
-            " 'sleeper': any(b'311' in c for c in procs)}))",
+            " 'sleeper': any(c == b'sleep\\x00311\\x00' for c in procs)}))",
         )
         assert seen == {"file": False, "sleeper": False}, seen
         assert kernel_json(a, "import json; print(json.dumps(sleeper.poll()))") is None
