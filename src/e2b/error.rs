@@ -62,6 +62,18 @@ impl ApiError {
     pub fn not_implemented(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_IMPLEMENTED, message)
     }
+    /// A request no route serves: 405 when `own` (a path of the API, another method), else
+    /// 404.
+    pub fn not_served(req: &actix_web::HttpRequest, own: bool) -> Self {
+        if own {
+            return ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{} is not a method of {}", req.method(), req.path()),
+            );
+        }
+        ApiError::not_found(format!("no route for {} {}", req.method(), req.path()))
+    }
+
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.error_code = Some(code);
         self
@@ -74,6 +86,23 @@ impl ApiError {
             error_code: self.error_code,
         }
     }
+}
+
+/// Runs `f` (file or store work) off the request's thread; `what` names it when the thread
+/// itself fails.
+pub async fn off_thread<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> model::Result<T> + Send + 'static,
+) -> ApiResult<T> {
+    actix_web::web::block(f)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{what} failed: {e}"),
+            )
+        })?
+        .map_err(ApiError::from)
 }
 
 impl fmt::Display for ApiError {

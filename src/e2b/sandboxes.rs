@@ -62,7 +62,7 @@ fn e2b_name() -> String {
 }
 
 /// A create's `volumeMounts`, `[{name, path}]`, as mounts of the team's volumes: every name
-/// must be one of its volumes, every path absolute and clean, each once (e2b's 400s).
+/// must be one of its volumes (e2b's 400 otherwise).
 async fn volume_mounts(
     e2b: &E2b,
     tenant: &str,
@@ -80,22 +80,11 @@ async fn volume_mounts(
         let m: wire::VolumeMount = serde_json::from_value(v.clone()).map_err(|e| {
             ApiError::bad_request(format!("volumeMounts: each must be {{name, path}}: {e}"))
         })?;
-        if crate::node::runtime::mount_in::mount_point(&m.path).is_none() {
-            return Err(ApiError::bad_request(format!(
-                "volumeMounts: path {:?} of volume {:?} must be absolute and clean",
-                m.path, m.name
-            )));
-        }
-        if wanted.iter().any(|w: &wire::VolumeMount| w.path == m.path) {
-            return Err(ApiError::bad_request(format!(
-                "volumeMounts: path {:?} is given more than once",
-                m.path
-            )));
-        }
         wanted.push(m);
     }
+    // The paths are checked where they are mounted (the node's `volumes::check`).
     let tenant = tenant.to_string();
-    web::block(move || {
+    super::error::off_thread("resolving volumes", move || {
         wanted
             .into_iter()
             .map(|m| {
@@ -111,13 +100,6 @@ async fn volume_mounts(
             .collect::<crate::model::Result<Vec<_>>>()
     })
     .await
-    .map_err(|e| {
-        ApiError::new(
-            actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
-            e.to_string(),
-        )
-    })?
-    .map_err(ApiError::from)
 }
 
 fn refuse_unsupported(req: &wire::NewSandbox) -> ApiResult<()> {

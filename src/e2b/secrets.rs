@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use super::E2b;
 use super::auth::Tenant;
 use super::body::Body;
-use super::error::{ApiError, ApiResult, ErrorBody};
+use super::error::{ApiError, ApiResult, ErrorBody, off_thread};
 use super::listing::{self, query_value};
 use super::render::ok_json;
 use crate::secrets::{SecretInfo, SecretStore};
@@ -67,15 +67,7 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce(&SecretStore) -> crate::model::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
     let store = e2b.secrets.clone();
-    web::block(move || f(&store))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the secrets store failed: {e}"),
-            )
-        })?
-        .map_err(ApiError::from)
+    off_thread("the secrets store", move || f(&store)).await
 }
 
 #[utoipa::path(get, path = "/secrets", tag = "secrets", operation_id = "list_secrets",
@@ -168,16 +160,5 @@ pub async fn delete(e2b: Data, tenant: Tenant, key: web::Path<String>) -> ApiRes
 pub async fn other(req: actix_web::HttpRequest) -> ApiResult<HttpResponse> {
     let rest = req.path().trim_start_matches("/secrets");
     let own = rest.is_empty() || rest.strip_prefix('/').is_some_and(|k| !k.contains('/'));
-    Err(not_served(&req, own))
-}
-
-/// A request no route serves: 405 when `own` (a path of the API, another method), else 404.
-pub fn not_served(req: &actix_web::HttpRequest, own: bool) -> ApiError {
-    if own {
-        return ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{} is not a method of {}", req.method(), req.path()),
-        );
-    }
-    ApiError::not_found(format!("no route for {} {}", req.method(), req.path()))
+    Err(ApiError::not_served(&req, own))
 }

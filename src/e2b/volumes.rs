@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use super::E2b;
 use super::auth::Tenant;
 use super::body::Body;
-use super::error::{ApiError, ApiResult, ErrorBody};
+use super::error::{ApiError, ApiResult, ErrorBody, off_thread};
 use super::render::ok_json;
 use crate::volumes::VolumeStore;
 use crate::volumes::content::{EntryStat, Meta, Root};
@@ -68,15 +68,7 @@ async fn blocking<T: Send + 'static>(
     store: std::sync::Arc<VolumeStore>,
     f: impl FnOnce(&VolumeStore) -> crate::model::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
-    web::block(move || f(&store))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the volume store failed: {e}"),
-            )
-        })?
-        .map_err(ApiError::from)
+    off_thread("the volume store", move || f(&store)).await
 }
 
 fn with_token(
@@ -204,10 +196,7 @@ async fn on_files<T: Send + 'static>(
     root: Root,
     f: impl FnOnce(&Root) -> crate::model::Result<T> + Send + 'static,
 ) -> ApiResult<T> {
-    web::block(move || f(&root))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(ApiError::from)
+    off_thread("the volume's files", move || f(&root)).await
 }
 
 type Q = web::Query<ContentQuery>;
@@ -312,16 +301,10 @@ pub async fn write_file(
         ));
     }
     let (path, meta, force) = (q.path.clone(), q.meta(), q.force.unwrap_or(false));
-    let (root, file) = {
-        let p = path.clone();
-        web::block(move || {
-            let f = root.create_file(&p, meta, force);
-            (root, f)
-        })
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    };
-    let mut file = tokio::fs::File::from_std(file.map_err(ApiError::from)?);
+    let root = std::sync::Arc::new(root);
+    let (r, p) = (root.clone(), path.clone());
+    let file = off_thread("the volume's files", move || r.create_file(&p, meta, force)).await?;
+    let mut file = tokio::fs::File::from_std(file);
     let mut written: u64 = 0;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
@@ -340,7 +323,7 @@ pub async fn write_file(
         .await
         .map_err(|e| ApiError::from(crate::model::Error::io("writing to the volume", e)))?;
     drop(file);
-    let stat = on_files(root, move |r| r.stat(&path)).await?;
+    let stat = off_thread("the volume's files", move || root.stat(&path)).await?;
     Ok(ok_json(StatusCode::CREATED, &stat))
 }
 
@@ -415,5 +398,5 @@ pub async fn other(req: HttpRequest) -> ApiResult<HttpResponse> {
             .collect();
         parts.len() == 2 && ["dir", "file", "path"].contains(&parts[1])
     };
-    Err(super::secrets::not_served(&req, own))
+    Err(ApiError::not_served(&req, own))
 }

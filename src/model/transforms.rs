@@ -175,15 +175,19 @@ pub fn normalized(rules: BTreeMap<String, Vec<Rule>>) -> BTreeMap<String, Vec<Ru
 /// The rules an egress proxy must act on: all of them when some rule sets headers (a host's
 /// own rule wins over a wildcard's even when it sets none), else none.
 pub fn intercepted(rules: &BTreeMap<String, Vec<Rule>>) -> BTreeMap<String, Vec<Rule>> {
-    let sets_any = rules
-        .values()
-        .flatten()
-        .any(|r| r.transform.as_ref().is_some_and(|t| !t.headers.is_empty()));
-    if sets_any {
+    if sets_headers(rules) {
         rules.clone()
     } else {
         BTreeMap::new()
     }
+}
+
+/// Whether some rule sets headers (so that some host is intercepted).
+pub fn sets_headers(rules: &BTreeMap<String, Vec<Rule>>) -> bool {
+    rules
+        .values()
+        .flatten()
+        .any(|r| r.transform.as_ref().is_some_and(|t| !t.headers.is_empty()))
 }
 
 /// The headers requests to `host` get, if its rule (see `lookup`) sets any.

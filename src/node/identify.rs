@@ -48,8 +48,7 @@ struct InitBody<'a> {
 
 /// A sandbox needs its proxy's CA once its rules set headers on some host's requests.
 pub(super) fn intercepts(record: &SandboxRecord) -> bool {
-    record.key.net == "egress"
-        && !crate::model::transforms::intercepted(&record.network.rules).is_empty()
+    record.key.net == "egress" && crate::model::transforms::sets_headers(&record.network.rules)
 }
 
 /// One HTTP/1.1 POST to the agent over a dialed connection.

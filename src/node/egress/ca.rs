@@ -40,6 +40,8 @@ pub struct SandboxCa {
     leaf_key: KeyPair,
     leaf_signer: Arc<dyn rustls::sign::SigningKey>,
     leaves: Mutex<HashMap<String, Arc<CertifiedKey>>>,
+    /// The server side of intercepted connections, made once.
+    tls: std::sync::OnceLock<Arc<rustls::ServerConfig>>,
 }
 
 impl std::fmt::Debug for SandboxCa {
@@ -75,6 +77,7 @@ impl SandboxCa {
             leaf_key,
             leaf_signer,
             leaves: Mutex::new(HashMap::new()),
+            tls: std::sync::OnceLock::new(),
         })
     }
 
@@ -109,29 +112,33 @@ impl SandboxCa {
         Ok(key)
     }
 
-    /// A TLS server configuration that answers every name with this CA's leaf for it.
+    /// The TLS server configuration that answers every name with this CA's leaf for it.
     pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>> {
+        if let Some(cfg) = self.tls.get() {
+            return Ok(cfg.clone());
+        }
         let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::internal(format!("egress TLS versions: {e}")))?
         .with_no_client_auth()
-        .with_cert_resolver(Arc::new(Leaves(self.clone())));
+        .with_cert_resolver(Arc::new(Leaves(Arc::downgrade(self))));
         // Requests are rewritten one by one: HTTP/1.1 only.
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Arc::new(cfg))
+        Ok(self.tls.get_or_init(|| Arc::new(cfg)).clone())
     }
 }
 
-/// Resolves a ClientHello's server name to its leaf.
+/// Resolves a ClientHello's server name to its leaf. Weak: the CA keeps this configuration,
+/// which must not keep the CA.
 #[derive(Debug)]
-struct Leaves(Arc<SandboxCa>);
+struct Leaves(std::sync::Weak<SandboxCa>);
 
 impl ResolvesServerCert for Leaves {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let name = hello.server_name()?;
-        match self.0.leaf(name) {
+        match self.0.upgrade()?.leaf(name) {
             Ok(k) => Some(k),
             Err(e) => {
                 tracing::warn!(error = %e, "no egress certificate for an intercepted host");
@@ -182,6 +189,16 @@ mod tests {
         assert!(
             verify(&other, "api.example.com").is_err(),
             "another sandbox's CA does not"
+        );
+        // The configuration is made once and does not keep its CA alive.
+        let ca = Arc::new(ca);
+        let cfg = ca.server_config().unwrap();
+        assert!(Arc::ptr_eq(&cfg, &ca.server_config().unwrap()));
+        let weak = Arc::downgrade(&ca);
+        drop(ca);
+        assert!(
+            weak.upgrade().is_none(),
+            "no cycle through the cached configuration"
         );
     }
 }
