@@ -113,8 +113,8 @@ async fn network_policies_with_the_sdks() {
     assert_no_leaks(tmp.path(), &[sandboxes]).await;
 }
 
-/// The same policies on gVisor, where the rules sit on the device its network stack writes
-/// frames to (denied packets are dropped rather than refused).
+/// The same policies, domain allow-lists and header rules on gVisor, whose network stack
+/// reaches the rules and the egress proxy through its router namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_policies_on_gvisor() {
     let runsc = std::process::Command::new("runsc")

@@ -81,6 +81,9 @@ fn pick_runtime(
                     blocked: builtin::blocked_ranges(&node.sandbox_reachable)?,
                     disks: paths.disks.clone(),
                     disk_bytes: node.disk_bytes,
+                    egress_hosts: node.egress_hosts.clone(),
+                    secrets: node.secrets.clone(),
+                    egress_trust: node.egress_trust.clone(),
                 },
             )?)))
         }

@@ -5,8 +5,9 @@
 //!
 //! On the built-in runtime the sandbox's kernel stack sends through `tap0`: an `output` hook
 //! turns denied packets away at once (the caller sees "no route to host" or a reset). gVisor
-//! sends its own frames into `tap0` through a packet socket, which skips the IP hooks but not
-//! the device's `egress` hook, where denied frames are dropped (connections time out).
+//! writes its own frames, which no IP hook of its namespace sees, so there the rules sit in
+//! the router namespace its veth leads to (`crate::sandbox::netholder`), on the `forward` and
+//! `prerouting` hooks of what arrives from it, with the same effect.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -15,6 +16,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use super::net::ROUTER_DEVICE;
 use crate::model::network::Egress;
 
 /// The interface slirp4netns serves in every egress namespace.
@@ -27,61 +29,54 @@ const PROXY_TABLE: &str = "sandbox_egress_proxy";
 pub enum Hook {
     /// The namespace's own IP stack sends (built-in runtime).
     KernelStack,
-    /// Frames are written to the device directly (gVisor's netstack).
-    Device,
-}
-
-impl Hook {
-    fn family(self) -> &'static str {
-        match self {
-            Hook::KernelStack => "inet",
-            Hook::Device => "netdev",
-        }
-    }
+    /// The namespace routes what a gVisor sandbox sends it over `ROUTER_DEVICE`.
+    Router,
 }
 
 /// An nft script that replaces the namespace's policy tables in one transaction; with no
-/// rules it only removes them. With `proxy` (the kernel stack only), every TCP connection
-/// leaving through the device is redirected to that port on the namespace's loopback, where
-/// the node's egress proxy listens and judges it by the name it carries; the filter then
-/// judges only what is not TCP, and lets DNS reach slirp4netns's resolver.
+/// rules it only removes them. With `proxy`, every TCP connection the sandbox opens outward is
+/// redirected to that port (on the namespace's loopback, or the router's address), where the
+/// node's egress proxy listens and judges it by the name it carries; the filter then judges
+/// only what is not TCP, and lets DNS reach slirp4netns's resolver.
 pub fn ruleset(egress: Option<&Egress>, hook: Hook, proxy: Option<u16>) -> String {
-    let family = hook.family();
     // Creating a table first makes its delete valid whether or not it existed.
-    let mut s = format!("table {family} {TABLE}\ndelete table {family} {TABLE}\n");
-    if hook == Hook::KernelStack {
-        s.push_str(&format!(
-            "table ip {PROXY_TABLE}\ndelete table ip {PROXY_TABLE}\n"
-        ));
-    }
+    let mut s = format!(
+        "table inet {TABLE}\ndelete table inet {TABLE}\ntable ip {PROXY_TABLE}\ndelete table ip {PROXY_TABLE}\n"
+    );
     let Some(e) = egress else {
         return s;
     };
-    let proxy = proxy.filter(|_| hook == Hook::KernelStack);
+    // Where the sandbox's packets enter the hooks, and what else passes there.
+    let (nat_hook, filter_hook, theirs, others) = match hook {
+        Hook::KernelStack => (
+            "output",
+            "output",
+            format!("oifname \"{DEVICE}\""),
+            // Loopback carries the node's own connections to the agent.
+            format!("oifname != \"{DEVICE}\""),
+        ),
+        Hook::Router => (
+            "prerouting",
+            "forward",
+            format!("iifname \"{ROUTER_DEVICE}\""),
+            format!("iifname != \"{ROUTER_DEVICE}\""),
+        ),
+    };
     if let Some(port) = proxy {
         s.push_str(&format!(
-            "table ip {PROXY_TABLE} {{\n  chain out {{\n    type nat hook output priority -100; policy accept;\n    oifname \"{DEVICE}\" meta l4proto tcp redirect to :{port}\n  }}\n}}\n"
+            "table ip {PROXY_TABLE} {{\n  chain out {{\n    type nat hook {nat_hook} priority -100; policy accept;\n    {theirs} meta l4proto tcp redirect to :{port}\n  }}\n}}\n"
         ));
     }
-    s.push_str(&format!("table {family} {TABLE} {{\n  chain out {{\n"));
-    match hook {
-        Hook::KernelStack => {
-            s.push_str("    type filter hook output priority 0; policy accept;\n");
-            // Loopback carries the node's own connections to the agent.
-            s.push_str(&format!("    oifname != \"{DEVICE}\" accept\n"));
-        }
-        Hook::Device => s.push_str(&format!(
-            "    type filter hook egress device \"{DEVICE}\" priority 0; policy accept;\n"
-        )),
-    }
-    let verdict = match hook {
-        Hook::KernelStack => "reject with icmpx type admin-prohibited",
-        Hook::Device => "drop",
-    };
+    s.push_str(&format!(
+        "table inet {TABLE} {{\n  chain out {{\n    type filter hook {filter_hook} priority 0; policy accept;\n    {others} accept\n"
+    ));
     if proxy.is_some() {
-        // The filter still sees a redirected packet's first device (the hook's state is not
-        // updated by the reroute), so what went to the proxy is recognized by its NAT.
-        s.push_str("    ct status dnat accept\n");
+        if hook == Hook::KernelStack {
+            // The filter still sees a redirected packet's first device (the hook's state is
+            // not updated by the reroute), so what went to the proxy is recognized by its NAT.
+            // (On a router, redirected packets are the router's own input, never forwarded.)
+            s.push_str("    ct status dnat accept\n");
+        }
         s.push_str(&format!(
             "    ip daddr {} accept\n",
             crate::sandbox::net::SLIRP_DNS
@@ -95,7 +90,7 @@ pub fn ruleset(egress: Option<&Egress>, hook: Hook, proxy: Option<u16>) -> Strin
     }
     if !e.deny.is_empty() {
         s.push_str(&format!(
-            "    ip daddr {{ {} }} {verdict}\n",
+            "    ip daddr {{ {} }} reject with icmpx type admin-prohibited\n",
             e.deny.join(", ")
         ));
     }
@@ -173,15 +168,25 @@ mod tests {
     }
 
     #[test]
-    fn device_rules_drop_on_the_taps_egress() {
+    fn router_rules_judge_what_the_sandbox_sends_through_the_router() {
         let s = ruleset(
             Some(&egress(&[], &["198.51.100.0/24"])),
-            Hook::Device,
+            Hook::Router,
             Some(9),
         );
-        assert!(s.contains("table netdev sandbox_egress {"));
-        assert!(s.contains("hook egress device \"tap0\""));
-        assert!(s.contains("ip daddr { 198.51.100.0/24 } drop"));
+        assert!(s.contains("type filter hook forward priority 0"), "{s}");
+        assert!(s.contains("iifname != \"vsb0\" accept"), "{s}");
+        assert!(
+            s.contains("ip daddr { 198.51.100.0/24 } reject with icmpx type admin-prohibited"),
+            "{s}"
+        );
+        assert!(s.contains("type nat hook prerouting priority -100"), "{s}");
+        assert!(
+            s.contains("iifname \"vsb0\" meta l4proto tcp redirect to :9"),
+            "{s}"
+        );
+        assert!(!s.contains("ct status dnat"), "{s}");
+        assert!(s.contains("ip daddr 10.0.2.3 accept"), "{s}");
         assert!(!s.contains("accept\n    ip daddr {  }"), "no empty set");
         assert!(
             !s.contains(" accept\n    ip daddr { 198"),
@@ -221,10 +226,10 @@ mod tests {
     }
 
     #[test]
-    fn no_rules_only_removes_the_table() {
+    fn no_rules_only_removes_the_tables() {
         assert_eq!(
-            ruleset(None, Hook::Device, None),
-            "table netdev sandbox_egress\ndelete table netdev sandbox_egress\n"
+            ruleset(None, Hook::Router, None),
+            "table inet sandbox_egress\ndelete table inet sandbox_egress\ntable ip sandbox_egress_proxy\ndelete table ip sandbox_egress_proxy\n"
         );
     }
 }

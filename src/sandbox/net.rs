@@ -12,6 +12,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+
 use super::spec::Net;
 use crate::model::network::{self, parse_cidr};
 
@@ -32,17 +34,17 @@ pub const ALWAYS_BLOCKED: &[&str] = &[
 /// slirp4netns's fixed network: the sandbox is 10.0.2.100, its gateway 10.0.2.2 (with host
 /// loopback forwarding disabled) and its resolver 10.0.2.3.
 pub const SLIRP_DNS: &str = "10.0.2.3";
-const SLIRP_GATEWAY: &str = "10.0.2.2";
 const SLIRP_SUBNET: &str = "10.0.2.0/24";
 
-/// How the blocked ranges are kept out of reach.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blocking {
-    /// `prohibit` routes (the host kernel routes the sandbox's packets).
-    Prohibit,
-    /// Routes to the allowed space only (gVisor routes them; see `route_only_allowed`).
-    OnlyAllowed,
-}
+/// A gVisor sandbox's own network, between its namespace and the router namespace where
+/// slirp4netns serves (see `crate::sandbox::netholder`): the router's end of the veth pair, its
+/// address (the sandbox's gateway, where the egress proxy listens), and the sandbox's end.
+pub const ROUTER_DEVICE: &str = "vsb0";
+pub const ROUTER_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 3, 1);
+const ROUTED_DEVICE: &str = "eth0";
+const ROUTED_ADDR: &str = "10.0.3.100/24";
+/// slirp4netns's, and so every link's, MTU.
+const MTU: u32 = 65520;
 
 const SLIRP_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -53,7 +55,6 @@ pub fn equip(
     net: Net,
     slirp4netns: Option<&Path>,
     blocked: &[String],
-    blocking: Blocking,
     host_netns: &File,
 ) -> io::Result<Option<Slirp>> {
     let ctx =
@@ -66,11 +67,7 @@ pub fn equip(
                 slirp4netns.ok_or_else(|| io::Error::other("net egress needs slirp4netns"))?;
             let slirp = start_slirp(program, host_netns, SLIRP_READY_TIMEOUT)
                 .map_err(ctx("starting slirp4netns"))?;
-            match blocking {
-                Blocking::Prohibit => block_routes(blocked),
-                Blocking::OnlyAllowed => route_only_allowed(blocked),
-            }
-            .map_err(ctx("keeping private ranges out of reach"))?;
+            block_routes(blocked).map_err(ctx("keeping private ranges out of reach"))?;
             Ok(Some(slirp))
         }
     }
@@ -226,18 +223,47 @@ pub fn block_routes(blocked: &[String]) -> io::Result<()> {
     ip_batch(&batch)
 }
 
-/// Replaces the default route with routes to everything but the blocked ranges. gVisor copies
-/// a namespace's routes into its own network stack when the sandbox starts but has no use for
-/// `prohibit` routes, so there the blocked ranges must be absent instead: with no route, a
-/// connection to them fails inside the sandbox and never reaches slirp4netns.
-pub fn route_only_allowed(blocked: &[String]) -> io::Result<()> {
-    let mut batch = String::from("route del default\n");
+/// Links the calling process's namespace, equipped for egress, as a router to the namespace
+/// `routed` (a gVisor sandbox's, which has loopback only so far): a veth pair between them and
+/// forwarding on; `equip_routed`, run in `routed`, does the other end. The router answers ARP
+/// for the routed address on slirp4netns's side, so slirp's replies find their way back
+/// without address translation.
+pub fn link_router(routed: &File) -> io::Result<()> {
+    // `ip` finds the namespace as its own inherited descriptor.
+    let flags = fcntl(routed, FcntlArg::F_GETFD)?;
+    let mut flags = FdFlag::from_bits_truncate(flags);
+    flags.remove(FdFlag::FD_CLOEXEC);
+    fcntl(routed, FcntlArg::F_SETFD(flags))?;
+    ip_batch(&format!(
+        "link add {ROUTER_DEVICE} mtu {MTU} type veth peer name {ROUTED_DEVICE} mtu {MTU} netns /proc/self/fd/{}\n\
+         addr add {ROUTER_ADDR}/24 dev {ROUTER_DEVICE}\n\
+         link set {ROUTER_DEVICE} up\n",
+        routed.as_raw_fd()
+    ))?;
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
+    std::fs::write("/proc/sys/net/ipv4/conf/tap0/proxy_arp", "1")
+}
+
+/// Gives the calling process's namespace (linked by `link_router`) its address and routes.
+pub fn equip_routed(blocked: &[String]) -> io::Result<()> {
+    ip_batch(&routes_in_routed(blocked))
+}
+
+/// The routed namespace's address and routes: to everything but the blocked ranges, and to
+/// slirp's resolver, through the router. gVisor copies a namespace's routes into its own
+/// network stack when the sandbox starts but has no use for `prohibit` routes, so there the
+/// blocked ranges must be absent instead: with no route, a connection to them fails inside the
+/// sandbox (and the router's own `prohibit` routes would turn it away again).
+fn routes_in_routed(blocked: &[String]) -> String {
+    let mut batch = format!(
+        "addr add {ROUTED_ADDR} dev {ROUTED_DEVICE}\nlink set {ROUTED_DEVICE} up\nroute replace {SLIRP_DNS}/32 via {ROUTER_ADDR} dev {ROUTED_DEVICE}\n"
+    );
     for cidr in allowed_prefixes(blocked) {
         batch.push_str(&format!(
-            "route replace {cidr} via {SLIRP_GATEWAY} dev tap0\n"
+            "route replace {cidr} via {ROUTER_ADDR} dev {ROUTED_DEVICE}\n"
         ));
     }
-    ip_batch(&batch)
+    batch
 }
 
 fn ip_batch(batch: &str) -> io::Result<()> {
@@ -353,6 +379,21 @@ mod tests {
         ] {
             assert!(!covered(&allowed, ip), "{ip} should be unreachable");
         }
+    }
+
+    #[test]
+    fn a_routed_namespace_reaches_the_resolver_and_the_allowed_space_through_the_router() {
+        let batch = routes_in_routed(&strings(&["0.0.0.0/1", "10.0.0.0/8"]));
+        let lines: Vec<&str> = batch.lines().collect();
+        assert_eq!(lines[0], "addr add 10.0.3.100/24 dev eth0");
+        assert!(lines.contains(&"route replace 10.0.2.3/32 via 10.0.3.1 dev eth0"));
+        assert!(lines.contains(&"route replace 128.0.0.0/1 via 10.0.3.1 dev eth0"));
+        // No default route, and nothing else of the blocked space.
+        assert_eq!(
+            lines.iter().filter(|l| l.contains(" via ")).count(),
+            2,
+            "{batch}"
+        );
     }
 
     #[test]

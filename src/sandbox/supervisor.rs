@@ -54,7 +54,6 @@ fn supervise(spec_path: &Path, lifeline: Option<RawFd>) -> io::Result<i32> {
         spec.net,
         spec.slirp4netns.as_deref(),
         &spec.blocked,
-        net::Blocking::Prohibit,
         &host_netns,
     )?;
     drop(host_netns);

@@ -1,6 +1,7 @@
 //! The proxy itself: one listener per sandbox, on the loopback of the sandbox's own network
-//! namespace (made there by a thread of the node that enters the namespace for that one call),
-//! where the namespace's nftables send every TCP connection that leaves. Each connection's
+//! namespace or on the router address of a gVisor sandbox's router namespace (made there by a
+//! thread of the node that enters the namespace for that one call), where the namespace's
+//! nftables send every TCP connection that leaves. Each connection's
 //! original destination comes from conntrack (`SO_ORIGINAL_DST`); its name, on ports 80 and
 //! 443, from its first bytes. Allowed connections are dialled from the node and spliced; a
 //! denied one is closed without a byte; one to a host whose rule sets headers is answered by the
@@ -164,13 +165,20 @@ pub struct Proxies {
 }
 
 impl Proxies {
-    pub fn new(dialer: Dialer, interception: Interception) -> Proxies {
-        Proxies {
-            dialer: Arc::new(dialer),
-            interception: Arc::new(interception),
+    /// A node's proxies: `blocked` is never dialled, `hosts` are resolved before DNS, secrets
+    /// come from `secrets`, and upstreams are verified against the system's roots and `trust`.
+    pub fn new(
+        blocked: &[String],
+        hosts: &[(String, Ipv4Addr)],
+        secrets: Option<Arc<crate::secrets::SecretStore>>,
+        trust: &[String],
+    ) -> Result<Proxies> {
+        Ok(Proxies {
+            dialer: Arc::new(Dialer::new(blocked, hosts)),
+            interception: Arc::new(Interception::new(secrets, trust)?),
             entries: Mutex::new(HashMap::new()),
             cas: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
@@ -188,15 +196,22 @@ impl Proxies {
         Ok(ca)
     }
 
-    /// Puts `rules` in force for the instance `id` whose network namespace is `netns`,
-    /// starting its proxy if it has none, and answers the port its connections go to.
-    pub async fn ensure(&self, id: &str, netns: PathBuf, rules: Rules) -> Result<u16> {
+    /// Puts `rules` in force for the instance `id` whose connections arrive in the network
+    /// namespace `netns` for the address `addr`, starting its proxy if it has none, and
+    /// answers the port its connections go to.
+    pub async fn ensure(
+        &self,
+        id: &str,
+        netns: PathBuf,
+        addr: Ipv4Addr,
+        rules: Rules,
+    ) -> Result<u16> {
         if let Some(e) = self.entries().get(id).cloned() {
             *e.rules.write().unwrap_or_else(|p| p.into_inner()) = rules;
             e.recheck();
             return Ok(e.port);
         }
-        let listener = tokio::task::spawn_blocking(move || listen_in(netns))
+        let listener = tokio::task::spawn_blocking(move || listen_in(netns, addr))
             .await
             .map_err(|e| Error::internal(format!("starting the egress proxy: {e}")))?
             .map_err(|e| Error::io("opening the egress proxy in the sandbox's network", e))?;
@@ -262,16 +277,16 @@ impl Proxies {
     }
 }
 
-/// A listener on 127.0.0.1 (a free port) inside the network namespace at `netns`. A thread of
-/// its own enters the namespace, so no other work of the node ever runs there.
-fn listen_in(netns: PathBuf) -> io::Result<std::net::TcpListener> {
+/// A listener on `addr` (a free port) inside the network namespace at `netns`. A thread of its
+/// own enters the namespace, so no other work of the node ever runs there.
+fn listen_in(netns: PathBuf, addr: Ipv4Addr) -> io::Result<std::net::TcpListener> {
     std::thread::spawn(move || {
         let ns = File::open(&netns)?;
         // SAFETY: setns on this thread only, with a descriptor we own.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let l = std::net::TcpListener::bind((addr, 0))?;
         l.set_nonblocking(true)?;
         Ok(l)
     })

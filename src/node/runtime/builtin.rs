@@ -22,7 +22,7 @@ use super::{BootSpec, Conn, Instance, Runtime, Usage, sys};
 use crate::model::network::{self, Egress};
 use crate::model::{Error, Result, ids};
 use crate::node::egress::policy::Rules;
-use crate::node::egress::proxy::{self as egress_proxy, Proxies};
+use crate::node::egress::proxy::Proxies;
 use crate::sandbox::egress;
 use crate::sandbox::net::ALWAYS_BLOCKED;
 use crate::sandbox::spec::{self as boot, IdMap, Net, layout};
@@ -218,12 +218,11 @@ impl BuiltinRuntime {
         let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
         let dialer = Dialer::new().map_err(io_err("starting the dial thread"))?;
         let proxies = Proxies::new(
-            egress_proxy::Dialer::new(&blocked, &cfg.egress_hosts),
-            crate::node::egress::intercept::Interception::new(
-                cfg.secrets.clone(),
-                &cfg.egress_trust,
-            )?,
-        );
+            &blocked,
+            &cfg.egress_hosts,
+            cfg.secrets.clone(),
+            &cfg.egress_trust,
+        )?;
         Ok(BuiltinRuntime {
             cfg,
             cgroups,
@@ -593,7 +592,12 @@ impl Runtime for BuiltinRuntime {
         let proxy = match egress.filter(|e| e.needs_proxy()) {
             Some(e) => Some(
                 self.proxies
-                    .ensure(&inst.id, netns.clone(), Rules::from_egress(e)?)
+                    .ensure(
+                        &inst.id,
+                        netns.clone(),
+                        std::net::Ipv4Addr::LOCALHOST,
+                        Rules::from_egress(e)?,
+                    )
                     .await?,
             ),
             None => None,

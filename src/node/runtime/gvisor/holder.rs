@@ -1,5 +1,6 @@
 //! The node's side of a gVisor sandbox's network holder (`crate::sandbox::netholder`): starts
-//! it in the sandbox's cgroups, waits for its "ready", and kills it when dropped.
+//! it in the sandbox's cgroups, waits for its "ready" (which names the descriptor holding the
+//! router's namespace), and kills it when dropped.
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
@@ -17,6 +18,8 @@ use crate::sandbox::netholder::HolderSpec;
 pub struct Holder {
     child: tokio::process::Child,
     pid: u32,
+    /// The holder's descriptor of its router's namespace.
+    router_fd: u32,
 }
 
 impl Holder {
@@ -56,28 +59,57 @@ impl Holder {
             let mut lines = BufReader::new(stdout?).lines();
             lines.next_line().await.ok().flatten()
         };
-        match tokio::time::timeout(timeout, ready).await {
-            Ok(Some(l)) if l.trim() == "ready" && pid > 0 => Ok(Holder { child, pid }),
-            outcome => {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                Err(match outcome {
-                    Err(_) => crate::node::runtime::boot_too_slow("the network holder", timeout),
-                    Ok(_) => Error::internal("the network holder exited before it was ready"),
-                })
-            }
+        let outcome = tokio::time::timeout(timeout, ready).await;
+        if let Ok(Some(line)) = &outcome
+            && let Some(router_fd) = ready_fd(line)
+            && pid > 0
+        {
+            return Ok(Holder {
+                child,
+                pid,
+                router_fd,
+            });
         }
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        Err(match outcome {
+            Err(_) => crate::node::runtime::boot_too_slow("the network holder", timeout),
+            Ok(_) => Error::internal("the network holder exited before it was ready"),
+        })
     }
 
     /// The namespace runsc attaches the sandbox to.
     pub fn netns(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/ns/net", self.pid))
     }
+
+    /// The router's namespace, where the sandbox's egress rules and proxy go.
+    pub fn router_netns(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/fd/{}", self.pid, self.router_fd))
+    }
+}
+
+/// The router's descriptor a holder's "ready" line names.
+fn ready_fd(line: &str) -> Option<u32> {
+    line.trim().strip_prefix("ready ")?.parse().ok()
 }
 
 impl Drop for Holder {
     fn drop(&mut self) {
         // slirp4netns follows it (its exit pipe closes); tokio reaps the process.
         let _ = self.child.start_kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_names_the_routers_descriptor() {
+        assert_eq!(ready_fd("ready 7\n"), Some(7));
+        assert_eq!(ready_fd("ready"), None);
+        assert_eq!(ready_fd("ready x"), None);
+        assert_eq!(ready_fd("network holder: failed"), None);
     }
 }

@@ -26,7 +26,10 @@ use super::reaper::Reaper;
 use super::{BootSpec, Conn, Instance, Runtime, Usage};
 use crate::model::network::Egress;
 use crate::model::{Error, Result, ids};
+use crate::node::egress::policy::Rules;
+use crate::node::egress::proxy::Proxies;
 use crate::sandbox::gvisor_init::{DOOR, GENERATION};
+use crate::sandbox::net::ROUTER_ADDR;
 use crate::sandbox::netholder::HolderSpec;
 use crate::sandbox::spec::{IdMap, Net};
 use crate::templates::TemplateStore;
@@ -53,6 +56,12 @@ pub struct GvisorConfig {
     pub disks: PathBuf,
     /// Every build instance's disk size instead of its tier's.
     pub disk_bytes: Option<u64>,
+    /// Names the egress proxy resolves before DNS.
+    pub egress_hosts: Vec<(String, std::net::Ipv4Addr)>,
+    /// Where the egress proxy fills `${e2b.secrets.NAME}` from.
+    pub secrets: Option<std::sync::Arc<crate::secrets::SecretStore>>,
+    /// CA files the egress proxy trusts for upstreams, besides the system's.
+    pub egress_trust: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -107,6 +116,9 @@ pub struct GvisorRuntime {
     live: Mutex<HashMap<String, Live>>,
     /// For sandboxes' own egress policies (`crate::sandbox::egress`).
     nft: Option<PathBuf>,
+    /// Sandboxes whose policies allow names or set headers (`crate::node::egress`), each in
+    /// its router's namespace.
+    proxies: Proxies,
     /// Ends the runsc processes of every sandbox if the node dies; network holders watch its
     /// lifeline too.
     reaper: Reaper,
@@ -170,7 +182,14 @@ impl GvisorRuntime {
         if let Err(why) = &builds {
             tracing::warn!("template builds are off on this node: {why}");
         }
+        let proxies = Proxies::new(
+            &cfg.blocked,
+            &cfg.egress_hosts,
+            cfg.secrets.clone(),
+            &cfg.egress_trust,
+        )?;
         Ok(GvisorRuntime {
+            proxies,
             builds,
             reaper,
             cfg,
@@ -183,16 +202,30 @@ impl GvisorRuntime {
         })
     }
 
-    /// Puts `rules` in the holder's namespace, on the device gVisor writes its frames to.
-    async fn enforce(&self, netns: PathBuf, rules: Option<&Egress>) -> Result<()> {
+    /// Puts `rules` in force in the router namespace at `router` (the instance `id`'s), with
+    /// its egress proxy there when they name hosts; the proxy is started (or given the new
+    /// rules) before the redirect sends anything to it, and stopped after the redirect is gone.
+    async fn enforce(&self, id: &str, router: PathBuf, rules: Option<&Egress>) -> Result<()> {
+        let proxy = match rules.filter(|e| e.needs_proxy()) {
+            Some(e) => Some(
+                self.proxies
+                    .ensure(id, router.clone(), ROUTER_ADDR, Rules::from_egress(e)?)
+                    .await?,
+            ),
+            None => None,
+        };
         super::builtin::enforce_egress(
             self.nft.as_deref(),
-            netns,
+            router,
             rules,
-            crate::sandbox::egress::Hook::Device,
-            None,
+            crate::sandbox::egress::Hook::Router,
+            proxy,
         )
-        .await
+        .await?;
+        if proxy.is_none() {
+            self.proxies.forget(id);
+        }
+        Ok(())
     }
 
     /// Whether sandboxes with net `egress` can be made here.
@@ -352,7 +385,9 @@ impl GvisorRuntime {
             )
             .await?;
             if rules.is_some() {
-                self.enforce(h.netns(), rules).await?;
+                // A proxy from an earlier start listens in a namespace that is gone.
+                self.proxies.forget(inst_id);
+                self.enforce(inst_id, h.router_netns(), rules).await?;
             }
             bundle::join_netns(&dir.join("bundle"), &h.netns())?;
             Some(h)
@@ -495,7 +530,7 @@ impl Runtime for GvisorRuntime {
 
     fn describe(&self) -> String {
         format!(
-            "gvisor: {} ({} platform); each sandbox runs on gVisor's own kernel (the Sentry) in a runsc container, cgroups {} for memory/CPU/pids; pause, snapshot and fork capture memory; template builds {}; egress through slirp4netns into gVisor's own network stack (open connections do not survive a pause)",
+            "gvisor: {} ({} platform); each sandbox runs on gVisor's own kernel (the Sentry) in a runsc container, cgroups {} for memory/CPU/pids; pause, snapshot and fork capture memory; template builds {}; egress from gVisor's own network stack through a router namespace (nftables rules and the egress proxy) to slirp4netns",
             self.cfg.runsc.version,
             self.cfg.runsc.platform,
             self.cgroups.describe(),
@@ -510,6 +545,14 @@ impl Runtime for GvisorRuntime {
         self.nft.is_some()
     }
 
+    fn proxies_egress(&self) -> bool {
+        self.nft.is_some()
+    }
+
+    fn egress_ca(&self, inst: &Instance<GvisorHandle>) -> Result<String> {
+        Ok(self.proxies.ca(&inst.id)?.pem())
+    }
+
     async fn set_egress(
         &self,
         inst: &Instance<GvisorHandle>,
@@ -522,10 +565,10 @@ impl Runtime for GvisorRuntime {
                 .ok_or_else(|| Error::unavailable(format!("sandbox {} is not running", inst.id)))?;
             l.egress = egress.cloned();
             // A checkpointed sandbox has no holder; its next one gets the rules at birth.
-            l.holder.as_ref().map(Holder::netns)
+            l.holder.as_ref().map(Holder::router_netns)
         };
         match netns {
-            Some(netns) => self.enforce(netns, egress).await,
+            Some(router) => self.enforce(&inst.id, router, egress).await,
             None => Ok(()),
         }
     }
@@ -661,6 +704,7 @@ impl Runtime for GvisorRuntime {
                 })
             }
             Err(e) => {
+                self.proxies.forget_instance(spec.instance_id);
                 let _ = self.cgroups.destroy(&cg);
                 Self::remove_instance_dir(spec.dir);
                 Err(e)
@@ -670,6 +714,7 @@ impl Runtime for GvisorRuntime {
 
     async fn destroy(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
         let live = self.live().remove(&inst.id);
+        self.proxies.forget_instance(&inst.id);
         if let Some(c) = live.and_then(|l| l.container) {
             let _ = self.cfg.runsc.delete(&c).await;
         }
