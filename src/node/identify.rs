@@ -51,24 +51,33 @@ pub(super) fn intercepts(record: &SandboxRecord) -> bool {
     record.key.net == "egress" && crate::model::transforms::sets_headers(&record.network.rules)
 }
 
-/// One HTTP/1.1 POST to the agent over a dialed connection.
-async fn post_init(stream: super::runtime::Conn, token: &str, body: Vec<u8>) -> Result<()> {
+/// One HTTP/1.1 request to the agent over a dialed connection; answers its status.
+async fn ask_agent(
+    stream: super::runtime::Conn,
+    req: hyper::Request<Full<Bytes>>,
+) -> Result<hyper::StatusCode> {
+    let path = req.uri().path().to_string();
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| Error::unavailable(format!("talking to the agent: {e}")))?;
     let driver = tokio::spawn(conn);
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| Error::unavailable(format!("the agent's {path}: {e}")));
+    driver.abort();
+    Ok(resp?.status())
+}
+
+/// One `/init` to the agent over a dialed connection.
+async fn post_init(stream: super::runtime::Conn, token: &str, body: Vec<u8>) -> Result<()> {
     let req = hyper::Request::post("/init")
         .header("host", "envd")
         .header("content-type", "application/json")
         .header("x-access-token", token)
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| Error::internal(format!("building the /init request: {e}")))?;
-    let resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| Error::unavailable(format!("the agent's /init: {e}")));
-    driver.abort();
-    let status = resp?.status();
+    let status = ask_agent(stream, req).await?;
     if status.is_success() {
         Ok(())
     } else {
@@ -146,6 +155,37 @@ impl<R: Runtime> Node<R> {
         tokio::time::timeout(INIT_TIMEOUT, send)
             .await
             .unwrap_or_else(|_| Err(Error::unavailable("the agent's /init timed out")))
+    }
+
+    /// Ok when the instance's agent answers its health check within `within`; else 503 (e2b
+    /// refuses a filesystem-only pause of a sandbox whose envd does not answer).
+    pub(super) async fn agent_answers(
+        &self,
+        inst: &Instance<R::Handle>,
+        within: Duration,
+    ) -> Result<()> {
+        let ask = async {
+            let stream = self.inner.runtime.dial(inst, ENVD_PORT).await?;
+            let req = hyper::Request::get("/health")
+                .header("host", "envd")
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| Error::internal(format!("building the /health request: {e}")))?;
+            ask_agent(stream, req).await
+        };
+        match tokio::time::timeout(within, ask).await {
+            Ok(Ok(status)) if status.is_success() => Ok(()),
+            Ok(Ok(status)) => Err(Error::unavailable(format!(
+                "its agent answered its health check with {status}"
+            ))),
+            Ok(Err(e)) => Err(Error::unavailable(format!(
+                "its agent does not answer: {}",
+                e.message
+            ))),
+            Err(_) => Err(Error::unavailable(format!(
+                "its agent did not answer its health check within {}s",
+                within.as_secs()
+            ))),
+        }
     }
 
     /// Waits until the sandbox's agent has its identity (or says why it never will).

@@ -14,6 +14,9 @@ use crate::model::{
     self, Error, InventoryChange, PauseChange, PauseMode, PausedSince, Phase, Result, SandboxRecord,
 };
 
+/// How long a filesystem-only pause waits for the sandbox's agent to answer.
+const AGENT_ANSWERS_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What a change does to a sandbox in `current`'s state: None when it is already there (not
 /// an error: callers tell the two apart by the answer's `changed`).
 fn plan(current: &SandboxRecord, change: PauseChange) -> Option<Step> {
@@ -118,6 +121,13 @@ impl<R: Runtime> Node<R> {
     ) -> Result<SandboxRecord> {
         self.inner.runtime.captures_files()?;
         if !frozen {
+            // As on e2b, a sandbox whose agent does not answer is not paused this way (503):
+            // its files may be mid-change by something that has hung it.
+            self.agent_answers(inst, AGENT_ANSWERS_WITHIN)
+                .await
+                .map_err(|e| {
+                    e.context(format!("sandbox {id} cannot be paused without its memory"))
+                })?;
             // Nothing may write between the copy and the end of the processes.
             self.inner.runtime.pause(inst).await?;
         }

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 import pytest
 
 from e2b import CommandExitException, Sandbox, SandboxException, SandboxQuery, SandboxState
-from e2b.exceptions import InvalidArgumentException, NotFoundException
+from e2b.exceptions import InvalidArgumentException, NotFoundException, ServiceBusyException
 
 
 RETENTION = int(os.environ["PAUSED_RETENTION"])
@@ -336,6 +336,29 @@ def test_a_filesystem_only_pause_keeps_files_and_identity_and_drops_processes():
             sbx.kill()
         except SandboxException:
             pass
+
+
+def test_a_filesystem_only_pause_needs_an_agent_that_answers():
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.commands.run("echo before > $HOME/before.txt")
+        # The sandbox's root stops its own envd (the agent that is not its init) a moment
+        # after this command has answered.
+        sbx.commands.run(
+            "(sleep 1; kill -STOP $(pgrep -f ' agent --boot' | grep -vx 1 | head -n 1)) >/dev/null 2>&1 &",
+            user="root",
+        )
+        time.sleep(2)
+        with pytest.raises(ServiceBusyException) as e:
+            sbx.pause(mode="filesystem")
+        assert "503" in str(e.value) and "agent did not answer" in str(e.value), str(e.value)
+        # Refused, and nothing of it changed.
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+        assert pause_mode(sbx.sandbox_id) is None
+        if PAUSED_DIR:
+            assert saved_dirs() == [], saved_dirs()
+    finally:
+        sbx.kill()
 
 
 def test_a_filesystem_only_auto_pause_then_connect_boots_fresh():
