@@ -467,7 +467,8 @@ pub async fn refresh(
 #[utoipa::path(post, path = "/sandboxes/{sandboxID}/pause", tag = "sandboxes",
     params(("sandboxID" = String, Path)), request_body = wire::PauseRequest,
     responses((status = 204), (status = 400, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "already paused")),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "already paused"),
+        (status = 503, body = ErrorBody, description = "a filesystem-only pause of a sandbox whose agent does not answer")),
     security(("ApiKeyAuth" = [])))]
 pub async fn pause(
     e2b: Data,
