@@ -244,6 +244,11 @@ pub struct ServeArgs {
     /// [default: DATA_DIR/volumes].
     #[arg(long)]
     pub volumes_dir: Option<PathBuf>,
+    /// Each volume's size in MiB: on one machine a volume is an ext4 file system of its own
+    /// (default 10240). 0 keeps volumes as plain directories, as a store several machines
+    /// mount (NFS) needs; that is the default, and the only choice, with remote nodes.
+    #[arg(long)]
+    pub volume_mib: Option<u64>,
     /// How long a claim may take on a node before its outcome counts as unknown (a create
     /// then answers 504 with `Should-Retry: false`).
     #[arg(long, default_value_t = 30.0)]

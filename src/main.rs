@@ -290,6 +290,7 @@ fn main() -> ExitCode {
                         secrets_dir: s.secrets_dir,
                         secrets_key_file: s.secrets_key_file,
                         volumes_dir: s.volumes_dir,
+                        volume_mib: s.volume_mib,
                         dispatcher: DispatcherConfig {
                             claim_timeout,
                             ..Default::default()

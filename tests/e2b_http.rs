@@ -1127,7 +1127,9 @@ async fn a_boot_slower_than_the_timeout_is_no_capacity_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_and_their_files_survive_a_restart() {
     let (tmp, _) = workspace();
-    let mut gw = Gateway::start(tmp.path(), &["--pool", "base=0"]);
+    // Each volume is a file system of its own, 16 MiB here.
+    let args = ["--pool", "base=0", "--volume-mib", "16"];
+    let mut gw = Gateway::start(tmp.path(), &args);
     let made = gw
         .call(
             Method::POST,
@@ -1149,9 +1151,27 @@ async fn volumes_and_their_files_survive_a_restart() {
         .await
         .unwrap();
     assert_eq!(put.status(), StatusCode::CREATED);
+    // More than the volume holds: 507, and the volume keeps what it had.
+    let big = gw
+        .http
+        .put(format!("{}/volumecontent/{id}/file?path=/big", gw.url))
+        .bearer_auth(&token)
+        .body(vec![7u8; 17 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), StatusCode::INSUFFICIENT_STORAGE);
+    let data = gw.data.join("volumes/team-a").join(&id).join("data");
+    let mounted = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        let dev = |p: &std::path::Path| std::fs::metadata(p).unwrap().dev();
+        dev(p) != dev(p.parent().unwrap())
+    };
+    assert!(mounted(&data), "the volume is a file system of its own");
     gw.proc.terminate();
+    assert!(!mounted(&data), "a stopped gateway leaves no volume mounted");
 
-    let again = Gateway::start(tmp.path(), &["--pool", "base=0"]);
+    let again = Gateway::start(tmp.path(), &args);
     let listed = again.call(Method::GET, "/volumes", Some(KEY_A), None).await;
     assert_eq!(listed.body, json!([{"volumeID": id, "name": "kept"}]));
     let read = again
@@ -1182,5 +1202,12 @@ async fn volumes_and_their_files_survive_a_restart() {
         read.status(),
         StatusCode::NOT_FOUND,
         "a deleted volume's token opens nothing"
+    );
+    assert!(!data.exists());
+    assert!(
+        sandbox_gateway::sandbox::loopdev::attached_backing_files()
+            .iter()
+            .all(|f| !f.starts_with(tmp.path())),
+        "a deleted volume's image is detached"
     );
 }

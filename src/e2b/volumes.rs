@@ -282,7 +282,8 @@ pub async fn read_file(
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 201, body = EntryStat), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 409, body = ErrorBody), (status = 503, body = ErrorBody),
+        (status = 507, body = ErrorBody, description = "the volume is full")),
     security(("VolumeToken" = [])))]
 pub async fn write_file(
     e2b: Data,

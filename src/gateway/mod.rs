@@ -50,6 +50,9 @@ pub struct ServeConfig {
     pub secrets_key_file: Option<PathBuf>,
     /// Tenants' volumes [default: DATA_DIR/volumes].
     pub volumes_dir: Option<PathBuf>,
+    /// Each volume's size in MiB (a file system of its own), or 0 for plain directories
+    /// [default: 10240 with an embedded node, 0 with remote nodes].
+    pub volume_mib: Option<u64>,
     pub dispatcher: DispatcherConfig,
     pub kube: KubeConfig,
     /// Cluster mode: discover nodes from their NodeInventory objects.
@@ -219,6 +222,18 @@ fn secret_store(cfg: &ServeConfig) -> Result<Arc<SecretStore>> {
     Ok(Arc::new(store))
 }
 
+/// Unmounts a store's volumes when dropped.
+struct Unmounts(Arc<crate::volumes::VolumeStore>);
+
+impl Drop for Unmounts {
+    fn drop(&mut self) {
+        self.0.unmount_all();
+    }
+}
+
+/// A volume's size on one machine unless `--volume-mib` says otherwise.
+const DEFAULT_VOLUME_MIB: u64 = 10 << 10;
+
 fn volume_store(cfg: &ServeConfig) -> Result<Arc<crate::volumes::VolumeStore>> {
     let dir = cfg
         .volumes_dir
@@ -226,7 +241,19 @@ fn volume_store(cfg: &ServeConfig) -> Result<Arc<crate::volumes::VolumeStore>> {
         .unwrap_or_else(|| cfg.data_dir.join("volumes"));
     // The token key lives with the volumes, so that replicas sharing them share it too.
     let ids = crate::sandbox::spec::IdMap::new(cfg.sandboxes.uid_base)?;
-    let (store, made) = crate::volumes::VolumeStore::open(&dir, &dir.join(".token-key"), ids)?;
+    // An image is mounted on this machine only: remote nodes would see an empty directory.
+    let image_bytes = match (cfg.volume_mib, cfg.remote_nodes()) {
+        (Some(0), _) | (None, true) => None,
+        (Some(_), true) => {
+            return Err(Error::invalid(
+                "with remote nodes, volumes must be plain directories on a store every machine mounts (--volume-mib 0 and --volumes-dir on an NFS export, say)",
+            ));
+        }
+        (Some(mib), false) => Some(mib << 20),
+        (None, false) => Some(DEFAULT_VOLUME_MIB << 20),
+    };
+    let (store, made) =
+        crate::volumes::VolumeStore::open(&dir, &dir.join(".token-key"), ids, image_bytes)?;
     if made {
         tracing::info!(dir = %dir.display(), "made a key for volume tokens");
     }
@@ -249,6 +276,9 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     let tokens = envd_tokens(&cfg)?;
     let secrets = secret_store(&cfg)?;
     let volumes = volume_store(&cfg)?;
+    // However this function ends, the volumes' file systems are unmounted (after the embedded
+    // node, and its sandboxes, have stopped).
+    let _volumes_mounted = Unmounts(volumes.clone());
 
     let embedded: Option<RunningNode> = if !cfg.remote_nodes() {
         let mut node = NodeConfig::new("embedded", cfg.data_dir.join("node"));

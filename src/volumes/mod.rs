@@ -1,10 +1,12 @@
 //! Tenants' volumes (e2b `Volume`): named directories that outlive sandboxes, kept under one
 //! directory (`--volumes-dir`; shared storage such as an NFS export when a fleet's nodes mount
 //! them) as `<tenant>/<id>/volume.json` and `<tenant>/<id>/data/`, with a name taken by an
-//! exclusively created `<tenant>/names/<name>`. The content API reaches a volume with a bearer
-//! token bound to its tenant and id (HMAC-SHA256 under a key of the gateway's own).
+//! exclusively created `<tenant>/names/<name>`. On one machine each volume's `data` is a file
+//! system of its own (`image`). The content API reaches a volume with a bearer token bound to
+//! its tenant and id (HMAC-SHA256 under a key of the gateway's own).
 
 pub mod content;
+pub mod image;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -36,6 +38,15 @@ pub struct VolumeStore {
     dir: PathBuf,
     key: Vec<u8>,
     ids: IdMap,
+    /// Each volume's size and how its file system is made, when volumes are images.
+    images: Option<Images>,
+}
+
+/// Volumes as file systems of their own (`image`).
+#[derive(Debug, Clone)]
+struct Images {
+    bytes: u64,
+    mkfs: PathBuf,
 }
 
 impl std::fmt::Debug for VolumeStore {
@@ -90,19 +101,69 @@ fn io_err(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> Error {
 
 impl VolumeStore {
     /// The store in `dir` (made when missing); tokens are signed with the secret in
-    /// `key_file` (made when missing); files belong to the sandbox ids `ids` shifts.
-    pub fn open(dir: &Path, key_file: &Path, ids: IdMap) -> Result<(VolumeStore, bool)> {
+    /// `key_file` (made when missing); files belong to the sandbox ids `ids` shifts. With
+    /// `image_bytes` every new volume is a file system of that size, and the existing ones are
+    /// mounted now.
+    pub fn open(
+        dir: &Path,
+        key_file: &Path,
+        ids: IdMap,
+        image_bytes: Option<u64>,
+    ) -> Result<(VolumeStore, bool)> {
         std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let (key, made) = crate::fsx::load_or_create_secret(key_file, || ids::random_hex(32))
             .map_err(io_err(format!("volume token key {}", key_file.display())))?;
-        Ok((
-            VolumeStore {
-                dir: dir.to_path_buf(),
-                key: key.trim().as_bytes().to_vec(),
-                ids,
-            },
-            made,
-        ))
+        let images = match image_bytes {
+            Some(bytes) => Some(Images {
+                bytes,
+                mkfs: crate::node::runtime::disk::find_mkfs()
+                    .map_err(io_err("volumes of their own size"))?,
+            }),
+            None => None,
+        };
+        let store = VolumeStore {
+            dir: dir.to_path_buf(),
+            key: key.trim().as_bytes().to_vec(),
+            ids,
+            images,
+        };
+        store.mount_all()?;
+        Ok((store, made))
+    }
+
+    /// Every volume directory (`<tenant>/<id>`) in the store.
+    fn volume_dirs(&self) -> Vec<PathBuf> {
+        let Ok(tenants) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        tenants
+            .flatten()
+            .filter_map(|t| std::fs::read_dir(t.path()).ok())
+            .flat_map(|vols| vols.flatten())
+            .filter(|v| v.file_name().to_str().is_some_and(valid_id))
+            .map(|v| v.path())
+            .collect()
+    }
+
+    /// Mounts every volume that has an image (a store of plain directories has none).
+    fn mount_all(&self) -> Result<()> {
+        for vdir in self.volume_dirs() {
+            let img = vdir.join(image::IMAGE);
+            if img.exists() {
+                image::mount_at(&img, &vdir.join(DATA))
+                    .map_err(io_err(format!("mounting volume {}", vdir.display())))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmounts every volume's file system (the gateway is stopping); the images stay.
+    pub fn unmount_all(&self) {
+        for vdir in self.volume_dirs() {
+            if let Err(e) = image::unmount(&vdir.join(DATA)) {
+                tracing::warn!(volume = %vdir.display(), error = %e, "could not unmount a volume");
+            }
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -158,6 +219,14 @@ impl VolumeStore {
             let vdir = tenant_root.join(&volume.id);
             let data = vdir.join(DATA);
             std::fs::create_dir_all(&data).map_err(io_err("creating the volume"))?;
+            if let Some(images) = &self.images {
+                let img = vdir.join(image::IMAGE);
+                image::make(&images.mkfs, &img, images.bytes)
+                    .map_err(io_err("making the volume's file system"))?;
+                image::mount_at(&img, &data).map_err(io_err("mounting the volume"))?;
+                // A fresh ext4 has lost+found, which no e2b volume shows.
+                let _ = std::fs::remove_dir(data.join("lost+found"));
+            }
             // Its top belongs to the sandbox user, so that `user` can write where it is mounted.
             let owner = self
                 .ids
@@ -171,6 +240,7 @@ impl VolumeStore {
                 .map_err(io_err("recording the volume"))
         })();
         if let Err(e) = made {
+            let _ = image::unmount(&tenant_root.join(&volume.id).join(DATA));
             let _ = std::fs::remove_dir_all(tenant_root.join(&volume.id));
             let _ = std::fs::remove_file(names.join(name));
             return Err(e);
@@ -225,6 +295,9 @@ impl VolumeStore {
         // The record goes first: a half-removed volume is never listed again.
         std::fs::remove_file(vdir.join(META)).map_err(io_err("removing a volume"))?;
         let _ = std::fs::remove_file(self.dir.join(tenant).join(NAMES).join(&volume.name));
+        // Its file system goes from the gateway's view; sandboxes that mount it keep it until
+        // they end, and the image's space is freed then.
+        image::unmount(&vdir.join(DATA)).map_err(io_err("unmounting a volume"))?;
         // remove_dir_all does not follow symbolic links a sandbox left in the volume.
         std::fs::remove_dir_all(&vdir).map_err(io_err("removing a volume's files"))
     }
@@ -282,6 +355,7 @@ mod tests {
             &d.path().join("volumes"),
             &d.path().join("key"),
             IdMap::new(100_000).unwrap(),
+            None,
         )
         .unwrap();
         assert!(made);
@@ -312,6 +386,7 @@ mod tests {
             &d.path().join("volumes"),
             &d.path().join("key"),
             IdMap::new(100_000).unwrap(),
+            None,
         )
         .unwrap();
         assert!(!made);
@@ -352,5 +427,42 @@ mod tests {
         );
         assert_eq!(s.check_token("vt1.x.y", "vol_0123456789abcdef"), None);
         assert_eq!(s.check_token("", "vol_0123456789abcdef"), None);
+    }
+
+    #[test]
+    fn a_volume_is_a_file_system_of_its_own_size_and_is_mounted_again_on_open() {
+        let root = crate::node::runtime::sys::is_root();
+        if !root || !Path::new("/dev/loop-control").exists() {
+            println!("skipped: volume images need root and loop devices");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let open = || {
+            VolumeStore::open(
+                &d.path().join("volumes"),
+                &d.path().join("key"),
+                IdMap::new(100_000).unwrap(),
+                Some(8 << 20),
+            )
+            .unwrap()
+            .0
+        };
+        let s = open();
+        let v = s.create("team-a", "sized").unwrap();
+        let data = s.data_dir("team-a", &v.id).unwrap();
+        assert!(image::is_mounted(&data).unwrap());
+        assert!(!data.join("lost+found").exists());
+        std::fs::write(data.join("small"), b"kept").unwrap();
+        let big = std::fs::write(data.join("big"), vec![7u8; 9 << 20]).unwrap_err();
+        assert_eq!(big.raw_os_error(), Some(libc::ENOSPC), "{big}");
+        s.unmount_all();
+        assert!(!image::is_mounted(&data).unwrap());
+        let again = open();
+        assert!(image::is_mounted(&data).unwrap());
+        assert_eq!(std::fs::read(data.join("small")).unwrap(), b"kept");
+        again.delete("team-a", &v.id).unwrap();
+        assert!(!data.exists());
+        let img = d.path().join("volumes/team-a").join(&v.id).join(image::IMAGE);
+        assert!(!crate::sandbox::loopdev::attached_backing_files().contains(&img));
     }
 }

@@ -18,21 +18,45 @@ pub struct Disks {
     making: std::sync::Mutex<()>,
 }
 
+/// mkfs.ext4, or why there is none.
+pub fn find_mkfs() -> io::Result<PathBuf> {
+    [
+        "/usr/sbin/mkfs.ext4",
+        "/sbin/mkfs.ext4",
+        "/usr/bin/mkfs.ext4",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+    .ok_or_else(|| {
+        io::Error::other(
+            "mkfs.ext4 is not installed; sandbox disks and volumes need it (apt-get install e2fsprogs)",
+        )
+    })
+}
+
+/// Makes an ext4 file system filling the file `image`: no reserved blocks, tables initialized
+/// lazily, and a journal only when asked (a sandbox's disk ends with its sandbox).
+pub fn mkfs_ext4(mkfs: &Path, image: &Path, journal: bool) -> io::Result<()> {
+    let out = Command::new(mkfs)
+        .args(["-q", "-F", "-m", "0", "-E"])
+        .arg("lazy_itable_init=1,lazy_journal_init=1,nodiscard")
+        .args(["-O", if journal { "has_journal" } else { "^has_journal" }])
+        .arg(image)
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(io::Error::new(
+        mkfs_error_kind(&stderr),
+        format!("mkfs.ext4 failed: {}", stderr.trim()),
+    ))
+}
+
 impl Disks {
     pub fn find(dir: PathBuf) -> io::Result<Disks> {
-        let mkfs = [
-            "/usr/sbin/mkfs.ext4",
-            "/sbin/mkfs.ext4",
-            "/usr/bin/mkfs.ext4",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .ok_or_else(|| {
-            io::Error::other(
-                "mkfs.ext4 is not installed; sandbox disks need it (apt-get install e2fsprogs)",
-            )
-        })?;
+        let mkfs = find_mkfs()?;
         fs::create_dir_all(&dir)?;
         Ok(Disks {
             dir,
@@ -69,20 +93,7 @@ impl Disks {
 
     fn make(&self, image: &Path, bytes: u64) -> io::Result<()> {
         File::create(image)?.set_len(bytes)?;
-        let out = Command::new(&self.mkfs)
-            .args(["-q", "-F", "-m", "0", "-E"])
-            .arg("lazy_itable_init=1,lazy_journal_init=1,nodiscard")
-            .args(["-O", "^has_journal"])
-            .arg(image)
-            .output()?;
-        if out.status.success() {
-            return Ok(());
-        }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        Err(io::Error::new(
-            mkfs_error_kind(&stderr),
-            format!("mkfs.ext4 failed: {}", stderr.trim()),
-        ))
+        mkfs_ext4(&self.mkfs, image, false)
     }
 }
 
