@@ -1169,7 +1169,10 @@ async fn volumes_and_their_files_survive_a_restart() {
     };
     assert!(mounted(&data), "the volume is a file system of its own");
     gw.proc.terminate();
-    assert!(!mounted(&data), "a stopped gateway leaves no volume mounted");
+    assert!(
+        !mounted(&data),
+        "a stopped gateway leaves no volume mounted"
+    );
 
     let again = Gateway::start(tmp.path(), &args);
     let listed = again.call(Method::GET, "/volumes", Some(KEY_A), None).await;

@@ -128,16 +128,11 @@ impl<R: Runtime> Node<R> {
                 .map_err(|e| {
                     e.context(format!("sandbox {id} cannot be paused without its memory"))
                 })?;
-            // Nothing may write between the copy and the end of the processes.
-            self.inner.runtime.pause(inst).await?;
         }
         let dest = self.saved_files(id);
         let _ = tokio::fs::remove_dir_all(&dest).await;
-        if let Err(e) = self.inner.runtime.capture(inst, true, &dest).await {
+        if let Err(e) = self.inner.runtime.capture_files(inst, frozen, &dest).await {
             let _ = tokio::fs::remove_dir_all(&dest).await;
-            if !frozen && let Err(thaw) = self.inner.runtime.resume(inst).await {
-                tracing::error!(id, error = %thaw, "a failed filesystem-only pause could not thaw the sandbox");
-            }
             return Err(e.context("saving the sandbox's files"));
         }
         let record = self.settle(id, Some(PauseMode::Filesystem), None)?;

@@ -11,6 +11,10 @@
 //!
 //! `SYNC` flushes the sandbox's file data to the root it writes through (a build's).
 //!
+//! `SAVE <ns>` stops every other process and streams the sandbox's files (`savefiles`) for a
+//! filesystem-only pause; the node ends the sandbox after, or sends `CONT` if the save failed.
+//! `LOAD` takes such a stream into a fresh sandbox before it is handed out.
+//!
 //! This gVisor build also cannot save a TCP socket that an epoll instance watches, and a failed
 //! checkpoint ends the sandbox. So envd listens on a Unix socket here (the door's port 49983
 //! leads to it), and `SAVEABLE` lets the node ask first whether any other process holds such a
@@ -172,6 +176,34 @@ fn serve(listener: &UnixListener, open: &Open) {
                 unsafe { libc::sync() };
                 let _ = conn.write_all(b"OK\n");
             }
+            ("SAVE", since) => {
+                let Ok(since) = since.parse::<i64>() else {
+                    let _ = conn.write_all(b"ERR not a time\n");
+                    continue;
+                };
+                // Nothing may write while the files are read; the node ends them all next.
+                signal_others(libc::SIGSTOP);
+                if conn.write_all(b"OK\n").is_ok()
+                    && let Err(e) = super::savefiles::save(Path::new("/"), since, &mut conn)
+                {
+                    eprintln!("init: saving the files: {e}");
+                }
+                let _ = conn.shutdown(Shutdown::Both);
+            }
+            ("CONT", _) => {
+                signal_others(libc::SIGCONT);
+                let _ = conn.write_all(b"OK\n");
+            }
+            ("LOAD", _) => {
+                let _ = conn.write_all(b"OK\n");
+                // The stream follows the request on this connection (what the reader holds
+                // of it first).
+                let answer = match super::savefiles::load(Path::new("/"), &mut reader) {
+                    Ok(()) => "DONE\n".to_string(),
+                    Err(e) => format!("ERR {e}\n"),
+                };
+                let _ = conn.write_all(answer.as_bytes());
+            }
             ("SAVEABLE", _) => {
                 let answer = match unsaveable() {
                     None => "OK\n".to_string(),
@@ -205,6 +237,24 @@ fn serve(listener: &UnixListener, open: &Open) {
             _ => {
                 let _ = conn.write_all(b"ERR unknown request\n");
             }
+        }
+    }
+}
+
+/// Sends `signal` to every process of the sandbox but this init, twice over, so that one
+/// forked while the first pass ran is caught too.
+fn signal_others(signal: libc::c_int) {
+    for _ in 0..2 {
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for pid in procs
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+            .filter(|&p| p > 1)
+        {
+            // SAFETY: kill with a pid read from /proc; at worst it is gone (ESRCH).
+            unsafe { libc::kill(pid, signal) };
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod loopdev;
 pub mod mounts;
 pub mod net;
 pub mod netholder;
+pub mod savefiles;
 pub mod seccomp;
 pub mod services;
 pub mod spec;

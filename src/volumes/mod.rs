@@ -462,7 +462,11 @@ mod tests {
         assert_eq!(std::fs::read(data.join("small")).unwrap(), b"kept");
         again.delete("team-a", &v.id).unwrap();
         assert!(!data.exists());
-        let img = d.path().join("volumes/team-a").join(&v.id).join(image::IMAGE);
+        let img = d
+            .path()
+            .join("volumes/team-a")
+            .join(&v.id)
+            .join(image::IMAGE);
         assert!(!crate::sandbox::loopdev::attached_backing_files().contains(&img));
     }
 }

@@ -164,6 +164,15 @@ impl Runtime for AnyRuntime {
         on!(self, inst, |r, i| r.capture(&i, paused, dest).await)
     }
 
+    async fn capture_files(
+        &self,
+        inst: &Instance<AnyHandle>,
+        frozen: bool,
+        dest: &Path,
+    ) -> Result<u64> {
+        on!(self, inst, |r, i| r.capture_files(&i, frozen, dest).await)
+    }
+
     async fn commit(
         &self,
         inst: &Instance<AnyHandle>,

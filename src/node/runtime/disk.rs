@@ -41,7 +41,14 @@ pub fn mkfs_ext4(mkfs: &Path, image: &Path, journal: bool) -> io::Result<()> {
     let out = Command::new(mkfs)
         .args(["-q", "-F", "-m", "0", "-E"])
         .arg("lazy_itable_init=1,lazy_journal_init=1,nodiscard")
-        .args(["-O", if journal { "has_journal" } else { "^has_journal" }])
+        .args([
+            "-O",
+            if journal {
+                "has_journal"
+            } else {
+                "^has_journal"
+            },
+        ])
         .arg(image)
         .output()?;
     if out.status.success() {

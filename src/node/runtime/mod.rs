@@ -178,6 +178,32 @@ pub trait Runtime: Send + Sync + 'static {
         dest: &Path,
     ) -> impl Future<Output = Result<u64>> + Send;
 
+    /// Saves the instance's files apart from its processes into the new directory `dest`, for
+    /// a filesystem-only pause (see `captures_files`); the caller destroys the instance after.
+    /// `frozen` says it is paused already. By default it is frozen and `capture`d; on failure
+    /// it runs on as it was.
+    fn capture_files(
+        &self,
+        inst: &Instance<Self::Handle>,
+        frozen: bool,
+        dest: &Path,
+    ) -> impl Future<Output = Result<u64>> + Send {
+        async move {
+            if !frozen {
+                // Nothing may write between the copy and the end of the processes.
+                self.pause(inst).await?;
+            }
+            let captured = self.capture(inst, true, dest).await;
+            if captured.is_err()
+                && !frozen
+                && let Err(thaw) = self.resume(inst).await
+            {
+                tracing::error!(instance = %inst.id, error = %thaw, "a failed filesystem-only pause could not thaw the sandbox");
+            }
+            captured
+        }
+    }
+
     /// Copies what the instance wrote over its template (its overlay's upper directory) into
     /// the new directory `dest` as a layer, leaving out the relative paths in `skip`; the
     /// instance is frozen meanwhile and is not resumed. Answers the layer's bytes, or None

@@ -1,8 +1,8 @@
 """Memory that survives the e2b verbs on the gvisor runtime, driven with the unmodified e2b
 Python SDK: a process holding a counter only in its memory keeps counting, with the same pid,
-after pause and connect, and in a sandbox created from a full snapshot. Filesystem-only
-snapshots and sandboxes with internet access are refused or kept in memory as the README
-says. Run by tests/gvisor.rs against `serve --runtime gvisor`.
+after pause and connect, and in a sandbox created from a full snapshot; a filesystem-only
+pause keeps the files and boots fresh processes. Sandboxes with internet access are refused
+snapshots or kept in memory as the README says. Run by tests/gvisor.rs against `serve --runtime gvisor`.
 """
 
 from __future__ import annotations
@@ -93,15 +93,68 @@ def test_internet_sandboxes_pause_in_memory_and_refuse_snapshots():
         s.kill()
 
 
-def test_a_filesystem_only_pause_is_refused_and_the_sandbox_runs_on(sbx):
-    # runsc keeps a sandbox's file writes in its in-memory root overlay, which cannot be saved
-    # apart from its processes: 400 naming that, and nothing changes.
-    n, pid = start_counter(sbx)
-    with pytest.raises(SandboxException) as e:
-        sbx.pause(mode="filesystem")
-    assert "400" in str(e.value) and "gvisor" in str(e.value), str(e.value)
-    assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
-    keeps_counting(sbx, n, pid)
+def stat_of(s: Sandbox, path: str) -> str:
+    """An entry's kind, mode and what it holds (this runsc's statx trips coreutils' stat)."""
+    return s.commands.run(
+        "python3 -c \"import os, stat, sys; p = sys.argv[1]; m = os.lstat(p); "
+        "print(oct(m.st_mode & 0o7777), 'link ' + os.readlink(p) if stat.S_ISLNK(m.st_mode) "
+        "else 'dir' if stat.S_ISDIR(m.st_mode) else open(p).read().strip())\" " + path,
+        user="root",
+    ).stdout.strip()
+
+
+def booted_at(s: Sandbox) -> float:
+    """When the sandbox's kernel (gVisor's Sentry) started, by the host's clock."""
+    return float(s.commands.run(
+        "python3 -c \"import time; print(time.time() - float(open('/proc/uptime').read().split()[0]))\""
+    ).stdout)
+
+
+def exists(s: Sandbox, path: str) -> bool:
+    out = s.commands.run(f"python3 -c 'import os; print(os.path.lexists(\"{path}\"))'").stdout
+    return out.strip() == "True"
+
+
+def test_a_filesystem_only_pause_keeps_files_and_identity_and_drops_processes():
+    # With internet access (e2b's default), which a memory checkpoint could not keep.
+    s = Sandbox.create(timeout=300, envs={"FSP_VAR": "kept-env"})
+    try:
+        n, pid = start_counter(s)
+        s.commands.run(
+            "mkdir -p /home/user/work/deep && echo kept > /home/user/work/a.txt && "
+            "ln -s a.txt /home/user/work/link && echo tmp > /tmp/t.txt && chmod 600 /home/user/work/a.txt"
+        )
+        assert exists(s, "/etc/motd") and exists(s, "/usr/share/doc")
+        s.commands.run("rm /etc/motd && echo changed >> /etc/issue && rm -r /usr/share/doc", user="root")
+        boot = booted_at(s)
+        token = s._envd_access_token
+        want = {p: stat_of(s, p) for p in ["/home/user/work/a.txt", "/home/user/work/link", "/home/user/work/deep", "/tmp/t.txt", "/etc/issue"]}
+        assert want["/home/user/work/a.txt"] == "0o600 kept", want
+
+        assert s.pause(mode="filesystem")
+        assert Sandbox.get_info(s.sandbox_id).state.value == "paused"
+        assert not s.is_running()
+        again = Sandbox.connect(s.sandbox_id, timeout=300)
+        assert again._envd_access_token == token
+        for p, w in want.items():
+            assert stat_of(again, p) == w, p
+        for p in ["/etc/motd", "/usr/share/doc"]:
+            assert not exists(again, p), p
+        assert again.commands.run("echo $FSP_VAR").stdout.strip() == "kept-env"
+        # A fresh boot (this gVisor has no boot_id: its kernel's uptime says when it started),
+        # and none of the old processes.
+        assert booted_at(again) > boot + 0.5
+        assert again.commands.run("pgrep -f 'counter[.]py' || echo none").stdout.strip() == "none"
+
+        # Again, from the sandbox the first resume made: what it wrote then is kept too.
+        again.commands.run("echo second > /home/user/work/b.txt && rm /home/user/work/link")
+        assert again.pause(mode="filesystem")
+        third = Sandbox.connect(s.sandbox_id, timeout=300)
+        assert stat_of(third, "/home/user/work/b.txt") == "0o644 second"
+        assert stat_of(third, "/home/user/work/a.txt") == "0o600 kept"
+        assert not exists(third, "/home/user/work/link")
+    finally:
+        s.kill()
 
 
 def test_volume_mounts_are_refused_by_name():

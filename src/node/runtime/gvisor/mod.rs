@@ -8,6 +8,7 @@
 
 pub mod buildroot;
 pub mod bundle;
+pub mod files;
 pub mod holder;
 pub mod runsc;
 
@@ -72,6 +73,10 @@ pub struct GvisorHandle {
     pub egress: bool,
     /// What the agent's /init requires (kept across checkpoints: it is in the agent's memory).
     pub init_token: String,
+    /// When its root (the template's plain copy) was made, in ns since the epoch: files it
+    /// changed after are its own (see `files`); 0 saves them all.
+    #[serde(default)]
+    pub root_made_ns: i64,
 }
 
 /// What changes while a sandbox lives: the runsc container that runs it, or the image it is
@@ -614,9 +619,33 @@ impl Runtime for GvisorRuntime {
     }
 
     fn captures_files(&self) -> Result<()> {
-        Err(Error::invalid(
-            "a filesystem-only pause (memory: false) is not available on the gvisor runtime: a sandbox's file writes live in runsc's in-memory root overlay, which cannot be saved apart from its processes; pause with memory (the default) instead",
-        ))
+        // The init streams the writes out of runsc's in-memory overlay (see `files`).
+        Ok(())
+    }
+
+    async fn capture_files(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        frozen: bool,
+        dest: &Path,
+    ) -> Result<u64> {
+        // The init reads the files itself, so a paused sandbox runs again first (its other
+        // processes are stopped again by the save).
+        if frozen {
+            self.resume(inst).await?;
+        }
+        let _busy = self.busy(&inst.id);
+        let door = Self::door(&inst.dir);
+        match files::save(&door, inst.handle.root_made_ns, dest).await {
+            Ok(bytes) => Ok(bytes),
+            Err(e) => {
+                files::resume_processes(&door).await;
+                if frozen && let Err(again) = self.pause(inst).await {
+                    tracing::error!(instance = %inst.id, error = %again, "a sandbox could not be paused again after its files failed to save");
+                }
+                Err(e)
+            }
+        }
     }
 
     fn captures_memory(&self, net: &str) -> bool {
@@ -626,7 +655,11 @@ impl Runtime for GvisorRuntime {
     }
 
     async fn boot(&self, spec: BootSpec<'_>) -> Result<Instance<GvisorHandle>> {
-        let init_token = match spec.seed {
+        // A seed is a checkpoint to restore, or files a filesystem-only pause saved, which a
+        // fresh sandbox takes in.
+        let saved_files = spec.seed.filter(|s| files::is_files(s));
+        let checkpoint = spec.seed.filter(|s| !files::is_files(s));
+        let init_token = match checkpoint {
             Some(image) => {
                 let bytes = std::fs::read(image.join(IMAGE_META))
                     .map_err(io_err("reading the checkpoint's description"))?;
@@ -665,11 +698,19 @@ impl Runtime for GvisorRuntime {
             }
         };
         let egress = Net::parse(&spec.key.net)? == Net::Egress;
-        match self
+        let root_made_ns = if spec.build {
+            0
+        } else {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::symlink_metadata(&root)
+                .map(|m| m.ctime() * 1_000_000_000 + m.ctime_nsec())
+                .unwrap_or(0)
+        };
+        let launched = self
             .launch(
                 spec.instance_id,
                 spec.dir,
-                match spec.seed {
+                match checkpoint {
                     Some(image) => Start::Restore(image),
                     None => Start::Fresh(mounts.as_ref()),
                 },
@@ -677,39 +718,48 @@ impl Runtime for GvisorRuntime {
                 egress,
                 spec.egress,
             )
-            .await
-        {
-            Ok((container, holder)) => {
-                self.live().insert(
-                    spec.instance_id.to_string(),
-                    Live {
-                        container: Some(container),
-                        paused: false,
-                        frozen: false,
-                        busy: false,
-                        holder,
-                        egress: spec.egress.cloned(),
-                    },
-                );
-                Ok(Instance {
-                    id: spec.instance_id.to_string(),
-                    dir: spec.dir.to_path_buf(),
-                    address: String::new(),
-                    handle: GvisorHandle {
-                        cgroup: cg,
-                        egress,
-                        init_token,
-                    },
-                    logs: Default::default(),
-                })
-            }
+            .await;
+        let (container, holder) = match launched {
+            Ok(l) => l,
             Err(e) => {
                 self.proxies.forget_instance(spec.instance_id);
                 let _ = self.cgroups.destroy(&cg);
                 Self::remove_instance_dir(spec.dir);
-                Err(e)
+                return Err(e);
             }
+        };
+        self.live().insert(
+            spec.instance_id.to_string(),
+            Live {
+                container: Some(container),
+                paused: false,
+                frozen: false,
+                busy: false,
+                holder,
+                egress: spec.egress.cloned(),
+            },
+        );
+        let inst = Instance {
+            id: spec.instance_id.to_string(),
+            dir: spec.dir.to_path_buf(),
+            address: String::new(),
+            handle: GvisorHandle {
+                cgroup: cg,
+                egress,
+                init_token,
+                root_made_ns,
+            },
+            logs: Default::default(),
+        };
+        if let Some(seed) = saved_files
+            && let Err(e) = files::load(&Self::door(spec.dir), seed).await
+        {
+            if let Err(gone) = self.destroy(&inst).await {
+                tracing::error!(instance = %inst.id, error = %gone, "a sandbox that could not take its files was not destroyed");
+            }
+            return Err(e.context("loading the sandbox's saved files"));
         }
+        Ok(inst)
     }
 
     async fn destroy(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
