@@ -9,6 +9,7 @@
 # a release build (`cargo build --release`); prints a Markdown table for PERFORMANCE.md.
 #
 #   examples/egress_throughput.sh [ROUNDS]     (default 5 rounds of each, median reported)
+#   RUNTIME=gvisor examples/egress_throughput.sh   (the sandboxes on gVisor; default builtin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
@@ -60,6 +61,7 @@ printf 'e2b_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa bench\n' > "$WORK/keys"
 # The tests' templates when they are built (else the gateway builds `base` first, a minute).
 [ -d target/test-templates/base ] && export SANDBOX_GATEWAY_TEMPLATES_DIR=$PWD/target/test-templates
 target/release/sandbox-gateway serve --e2b-listen 127.0.0.1:18099 --kube-listen 127.0.0.1:0 \
+    --runtime "${RUNTIME:-builtin}" \
     --data-dir "$WORK/data" --api-keys "$WORK/keys" --pool base/egress=2 \
     --sandbox-reachable 198.51.100.0/24 --egress-host "big.test=$SERVER" \
     --egress-ca-file "$WORK/ca.pem" \
