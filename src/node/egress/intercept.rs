@@ -3,7 +3,9 @@
 //! any of the same name, `${e2b.secrets.NAME}` filled from the tenant's secrets at that moment)
 //! and forwards each request to the real host, dialled by name from the node, over TLS verified
 //! against the node's trusted roots. A secret never enters the sandbox, and is only ever sent
-//! over TLS: a rule that would put one in a plain HTTP request answers 502 instead.
+//! over TLS: a rule that would put one in a plain HTTP request answers 502 instead. A request
+//! that asks to switch protocols (a WebSocket's) gets the headers too and, once the host
+//! agrees (101), becomes a plain pipe between the two on a connection of its own.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -121,18 +123,29 @@ where
     });
     hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(io), svc)
+        .with_upgrades()
         .await
 }
 
-/// An upstream connection, its driver stopped when it goes.
+/// An upstream connection, its driver stopped when it goes (unless detached).
 struct Upstream {
     send: hyper::client::conn::http1::SendRequest<Incoming>,
-    driver: AbortHandle,
+    driver: Option<AbortHandle>,
+}
+
+impl Upstream {
+    /// Lets the connection finish what it carries (an answer's body, an upgrade) and close
+    /// by itself: nothing more is sent on it.
+    fn detach(mut self) {
+        self.driver = None;
+    }
 }
 
 impl Drop for Upstream {
     fn drop(&mut self) {
-        self.driver.abort();
+        if let Some(d) = &self.driver {
+            d.abort();
+        }
     }
 }
 
@@ -151,6 +164,27 @@ const HOP_BY_HOP: [&str; 7] = [
     "transfer-encoding",
     "upgrade",
 ];
+
+/// The protocol a request asks to switch to (`Connection: upgrade` with `Upgrade`), if any.
+fn upgrade_of(h: &HeaderMap) -> Option<HeaderValue> {
+    let asks = h
+        .get_all(hyper::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| h.get(hyper::header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// Puts an upgrade back after the hop-by-hop headers went: it is what the hop is for.
+fn ask_upgrade(h: &mut HeaderMap, protocol: HeaderValue) {
+    h.insert(
+        hyper::header::CONNECTION,
+        HeaderValue::from_static("upgrade"),
+    );
+    h.insert(hyper::header::UPGRADE, protocol);
+}
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
     let named: Vec<HeaderName> = h
@@ -243,10 +277,14 @@ impl Forwarder {
             Ok(f) => f,
             Err(why) => return refusal(StatusCode::BAD_GATEWAY, why),
         };
+        let upgrade = upgrade_of(req.headers());
         strip_hop_by_hop(req.headers_mut());
         for (name, value) in filled {
             req.headers_mut().remove(&name);
             req.headers_mut().insert(name, value);
+        }
+        if let Some(protocol) = upgrade {
+            return self.switch(req, protocol).await;
         }
         let mut upstream = self.upstream.lock().await;
         let usable = upstream.as_ref().is_some_and(|u| !u.send.is_closed());
@@ -281,6 +319,47 @@ impl Forwarder {
         }
     }
 
+    /// Forwards a request to switch protocols on a new upstream connection; when the host
+    /// agrees, both sides' connections are joined once the answer reached the sandbox.
+    async fn switch(&self, mut req: Request<Incoming>, protocol: HeaderValue) -> Answer {
+        let job = &self.job;
+        ask_upgrade(req.headers_mut(), protocol);
+        let from_sandbox = hyper::upgrade::on(&mut req);
+        let mut up = match self.connect().await {
+            Ok(u) => u,
+            Err(e) => {
+                return refusal(
+                    StatusCode::BAD_GATEWAY,
+                    format!("{}:{} could not be reached: {e}", job.host, job.port),
+                );
+            }
+        };
+        let sent = match up.send.ready().await {
+            Ok(()) => up.send.send_request(req).await,
+            Err(e) => Err(e),
+        };
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(e) => return refusal(StatusCode::BAD_GATEWAY, format!("{}: {e}", job.host)),
+        };
+        // Nothing else goes on this connection; it closes once its answer (or pipe) is done.
+        up.detach();
+        let agreed = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        let protocol = upgrade_of(resp.headers());
+        strip_hop_by_hop(resp.headers_mut());
+        if agreed && let Some(p) = protocol {
+            ask_upgrade(resp.headers_mut(), p);
+            let from_host = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                if let (Ok(a), Ok(b)) = (from_sandbox.await, from_host.await) {
+                    let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+                    let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                }
+            });
+        }
+        resp.map(Either::Left)
+    }
+
     /// Dials the host by name from the node (never where the sandbox pointed it) and, on
     /// 443, speaks TLS to it, verifying it is that host.
     async fn connect(&self) -> io::Result<Upstream> {
@@ -313,10 +392,13 @@ where
         .await
         .map_err(io::Error::other)?;
     let driver = tokio::spawn(async move {
-        let _ = conn.await;
+        let _ = conn.with_upgrades().await;
     })
     .abort_handle();
-    Ok(Upstream { send, driver })
+    Ok(Upstream {
+        send,
+        driver: Some(driver),
+    })
 }
 
 #[cfg(test)]
@@ -363,6 +445,22 @@ mod tests {
         // Plain headers need no store and go over HTTP too.
         let plain_only = headers(&[("X-Team", "a")]);
         assert_eq!(fill(&plain_only, "h", false, "t", None).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn only_a_connection_that_asks_is_upgraded() {
+        let mut h = HeaderMap::new();
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        assert_eq!(upgrade_of(&h), None, "Upgrade alone asks nothing");
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert_eq!(upgrade_of(&h).unwrap(), "websocket");
+        strip_hop_by_hop(&mut h);
+        ask_upgrade(&mut h, HeaderValue::from_static("websocket"));
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["upgrade"], "websocket");
     }
 
     #[test]

@@ -43,6 +43,17 @@ class Hello(BaseHTTPRequestHandler):
             self.headers.get("Host"),
             {k.lower(): v for k, v in self.headers.items()},
         ))
+        if self.path == "/ws" and self.headers.get("Upgrade") == "websocket":
+            # Switches protocols, then echoes one line: enough to see the pipe both ways.
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.flush()
+            self.wfile.write(b"echo:" + self.rfile.readline())
+            self.wfile.flush()
+            self.close_connection = True
+            return
         body = self.server.server_address[0].encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -404,6 +415,23 @@ def test_header_rules_fill_secrets_in_without_the_sandbox_ever_holding_them():
                 timeout=30,
             ).stdout
             assert py == A + "\n", py
+            # A WebSocket's upgrade request gets the headers too, then the pipe carries the
+            # protocol both ways.
+            mark = len(SEEN)
+            ws = sbx.commands.run(
+                "python3 -c \"import socket, ssl; "
+                "s = ssl.create_default_context().wrap_socket("
+                "socket.create_connection(('api.secure.test', 443)), server_hostname='api.secure.test'); "
+                "s.sendall(b'GET /ws HTTP/1.1\\r\\nHost: api.secure.test\\r\\nConnection: Upgrade\\r\\n'"
+                " b'Upgrade: websocket\\r\\nAuthorization: mine\\r\\n\\r\\n'); "
+                "f = s.makefile('rb'); head = f.readline(); "
+                "[f.readline() for _ in range(8) if f.peek(2)[:2] != b'\\r\\n']; f.readline(); "
+                "s.sendall(b'hello\\n'); print(head.split()[1].decode(), f.readline().decode().strip())\"",
+                timeout=30,
+            ).stdout
+            assert ws.split() == ["101", "echo:hello"], ws
+            [got] = seen_since(mark, "api.secure.test")
+            assert got["authorization"] == f"Bearer {value}" and got["upgrade"] == "websocket", got
 
             # A host without a rule is not intercepted: the sandbox sees the real certificate,
             # from a CA it does not trust.
