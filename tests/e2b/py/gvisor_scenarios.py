@@ -157,6 +157,19 @@ def test_a_filesystem_only_pause_keeps_files_and_identity_and_drops_processes():
         s.kill()
 
 
+def test_a_full_pause_resumed_with_reboot_keeps_only_the_files(sbx):
+    # Paused to disk with its memory (no internet access), then connected with a reboot: the
+    # checkpoint is restored just long enough to save its files, and a fresh sandbox takes them.
+    n, pid = start_counter(sbx)
+    sbx.commands.run("echo full > /home/user/full.txt")
+    boot = booted_at(sbx)
+    assert sbx.pause()
+    again = Sandbox.connect(sbx.sandbox_id, timeout=300, on_resume="reboot")
+    assert stat_of(again, "/home/user/full.txt") == "0o644 full"
+    assert again.commands.run("pgrep -f 'counter[.]py' || echo none").stdout.strip() == "none"
+    assert booted_at(again) > boot + 0.5
+
+
 def test_volume_mounts_are_refused_by_name():
     import os
     import uuid
