@@ -81,10 +81,17 @@ impl Context {
     }
 
     /// The kernel once it is up; the reason when it could not start or the context is gone.
+    /// A kernel that has died is not offered, even before the supervisor has noticed (an
+    /// execution that saw it die may be followed at once by the next): the state changes
+    /// when the supervisor starts the next one.
     pub async fn kernel(&self) -> Result<Arc<Kernel>, String> {
         let mut state = self.state.clone();
         let settled = state
-            .wait_for(|s| !matches!(s, KernelState::Starting))
+            .wait_for(|s| match s {
+                KernelState::Starting => false,
+                KernelState::Ready(k) => k.exit().is_none(),
+                _ => true,
+            })
             .await
             .map(|s| s.clone());
         match settled {
