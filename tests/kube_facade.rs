@@ -369,6 +369,52 @@ async fn kubectl_drives_sandboxes() {
         k.ok(&["get", "sandbox", "demo"], None)
             .contains("DependenciesReady")
     );
+    // A filesystem-only pause (e2b's `pause(mode="filesystem")`): the object says how it was
+    // paused until it runs again.
+    let bad_mode = k.fails(
+        &[
+            "create",
+            "--raw",
+            &format!("{GV}/namespaces/team-a/sandboxes/demo/pause"),
+            "-f",
+            "-",
+        ],
+        Some(r#"{"mode":"Memory"}"#),
+    );
+    assert!(
+        bad_mode.contains("BadRequest") && bad_mode.contains("Filesystem"),
+        "{bad_mode}"
+    );
+    assert_eq!(
+        raw("pause", r#"{"mode":"Filesystem"}"#)["mode"],
+        "Filesystem"
+    );
+    let paused: Value =
+        serde_json::from_str(&k.ok(&["get", "sandbox", "demo", "-o", "json"], None)).unwrap();
+    assert_eq!(
+        paused["metadata"]["annotations"]["sandbox.cocoonstack.io/pause-mode"],
+        "Filesystem"
+    );
+    assert_eq!(paused["spec"]["operatingMode"], "Suspended");
+    let ready = &paused["status"]["conditions"][0];
+    assert!(
+        ready["status"] == "False"
+            && ready["message"]
+                .as_str()
+                .unwrap()
+                .contains("files are kept"),
+        "{ready}"
+    );
+    raw("resume", "{}");
+    let resumed: Value =
+        serde_json::from_str(&k.ok(&["get", "sandbox", "demo", "-o", "json"], None)).unwrap();
+    assert!(
+        resumed["metadata"]["annotations"]
+            .get("sandbox.cocoonstack.io/pause-mode")
+            .is_none(),
+        "{resumed}"
+    );
+    assert_eq!(resumed["status"]["conditions"][0]["status"], "True");
     let too_many = k.fails(
         &[
             "create",

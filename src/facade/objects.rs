@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::stored::{self, ANNOTATION_PREFIX, SYSTEM_ANNOTATIONS, SYSTEM_LABELS};
-use super::types::{API_VERSION, KIND, keys};
+use super::types::{API_VERSION, KIND, keys, pause_mode_name};
 use crate::dispatch::forms::{Form, Rendered, kept};
 use crate::dispatch::read_view::Entry;
 use crate::model::{Phase, SandboxRecord};
@@ -94,6 +94,9 @@ pub fn annotations(r: &SandboxRecord) -> BTreeMap<String, String> {
     }
     if let Some(m) = user_metadata(r) {
         out.insert(keys::METADATA.into(), m);
+    }
+    if let Some(mode) = r.pause_mode() {
+        out.insert(keys::PAUSE_MODE.into(), pause_mode_name(mode).into());
     }
     out
 }
@@ -194,6 +197,9 @@ impl Serialize for AnnotationsJson<'_> {
         m.serialize_entry(keys::DEADLINE, &Ts(r.deadline))?;
         if let Some(meta) = user_metadata(r) {
             m.serialize_entry(keys::METADATA, &meta)?;
+        }
+        if let Some(mode) = r.pause_mode() {
+            m.serialize_entry(keys::PAUSE_MODE, pause_mode_name(mode))?;
         }
         m.serialize_entry(keys::TEMPLATE, &r.key.template)?;
         for (k, v) in &r.metadata {
@@ -358,7 +364,13 @@ fn status_json(r: &SandboxRecord) -> StatusJson<'_> {
             ty: "Ready",
             status: ready_status,
             reason,
-            message: if paused { "paused" } else { "running" },
+            message: match r.pause_mode() {
+                _ if !paused => "running",
+                Some(crate::model::PauseMode::Filesystem) => {
+                    "paused: its files are kept; a resume starts its processes afresh"
+                }
+                _ => "paused",
+            },
             last_transition_time: Ts(r.claimed_at),
             observed_generation: 1,
         }],

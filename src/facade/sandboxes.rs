@@ -22,7 +22,7 @@ use super::types::{
 };
 use super::{Facade, ListSnapshot, watch};
 use crate::dispatch::read_view::Entry;
-use crate::model::{self, SandboxRecord};
+use crate::model::{self, PauseChange, SandboxRecord};
 
 type Query = web::Query<Vec<(String, String)>>;
 
@@ -393,12 +393,17 @@ pub async fn verb(
     refuse_dry_run(&q, &format!("sandboxes/{sub}"))?;
     let reply = match sub.as_str() {
         "pause" => {
-            let _: SandboxPauseOptions = options(&body, "SandboxPauseOptions")?;
+            let o: SandboxPauseOptions = options(&body, "SandboxPauseOptions")?;
             let r = facade.target(&ns, &name).await?;
-            facade.dispatcher.set_paused(Some(&ns), &r.id, true).await?;
+            let mode = o.pause_mode().map_err(KubeError::bad_request)?;
+            facade
+                .dispatcher
+                .change_pause(Some(&ns), &r.id, PauseChange::Pause(mode))
+                .await?;
             created(&SandboxPauseOptions {
                 api_version: Some(API_VERSION.into()),
                 kind: Some("SandboxPauseOptions".into()),
+                mode: o.mode,
             })
         }
         "resume" => {

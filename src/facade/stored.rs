@@ -32,11 +32,12 @@ pub const SYSTEM_LABELS: [&str; 4] = [
 
 /// Annotations every read computes from the record (the token only in the create reply);
 /// they are never stored.
-pub const SYSTEM_ANNOTATIONS: [&str; 6] = [
+pub const SYSTEM_ANNOTATIONS: [&str; 7] = [
     keys::ADDRESS,
     keys::CLAIM_ID,
     keys::DEADLINE,
     keys::METADATA,
+    keys::PAUSE_MODE,
     keys::TEMPLATE,
     keys::TOKEN,
 ];

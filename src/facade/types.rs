@@ -41,6 +41,8 @@ pub mod keys {
     pub const TTL_SECONDS: &str = "sandbox.cocoonstack.io/ttl-seconds";
     pub const NET: &str = "sandbox.cocoonstack.io/net";
     pub const TEMPLATE: &str = "sandbox.cocoonstack.io/template";
+    /// How a paused sandbox was paused (`Full` or `Filesystem`); only while it is paused.
+    pub const PAUSE_MODE: &str = "sandbox.cocoonstack.io/pause-mode";
     pub const METADATA: &str = "sandbox.cocoonstack.io/metadata";
     pub const NODE_LABEL: &str = "sandbox.cocoonstack.io/node";
     pub const PHASE_LABEL: &str = "sandbox.cocoonstack.io/phase";
@@ -165,6 +167,33 @@ pub struct SandboxPauseOptions {
     pub api_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
+    /// `Full` (the default: memory and processes are kept) or `Filesystem` (only the files
+    /// are kept; a resume boots fresh processes over them, as e2b's `pause(mode="filesystem")`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["Full", "Filesystem"]))]
+    pub mode: Option<String>,
+}
+
+impl SandboxPauseOptions {
+    /// The pause's mode; e2b's lower-case spellings are taken too.
+    pub fn pause_mode(&self) -> Result<crate::model::PauseMode, String> {
+        use crate::model::PauseMode;
+        match self.mode.as_deref() {
+            None | Some("Full" | "full") => Ok(PauseMode::Full),
+            Some("Filesystem" | "filesystem") => Ok(PauseMode::Filesystem),
+            Some(other) => Err(format!(
+                "mode: Unsupported value: {other:?}: supported values: \"Full\", \"Filesystem\""
+            )),
+        }
+    }
+}
+
+/// The `Full`/`Filesystem` spelling of a pause mode.
+pub fn pause_mode_name(m: crate::model::PauseMode) -> &'static str {
+    match m {
+        crate::model::PauseMode::Full => "Full",
+        crate::model::PauseMode::Filesystem => "Filesystem",
+    }
 }
 
 /// Body of `sandboxes/resume`.
