@@ -468,8 +468,8 @@ async fn a_node_killed_during_a_checkpoint_leaves_nothing_behind() {
 }
 
 /// The unmodified Python SDK on a gateway whose embedded node runs gvisor: the envd and
-/// data-plane scenarios the built-in runtime passes, and memory across pause, connect and
-/// full snapshots.
+/// data-plane scenarios the built-in runtime passes, memory across pause, connect and full
+/// snapshots, and volumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_e2b_sdk_works_and_keeps_memory_on_gvisor() {
     if runsc().is_none() {
@@ -502,7 +502,12 @@ async fn the_e2b_sdk_works_and_keeps_memory_on_gvisor() {
     tokio::task::block_in_place(|| {
         scenarios::pytest(
             "2.63.0",
-            &["test_envd.py", "test_dataplane.py", "gvisor_scenarios.py"],
+            &[
+                "test_envd.py",
+                "test_dataplane.py",
+                "gvisor_scenarios.py",
+                "test_volumes.py",
+            ],
             &[],
             &env,
             &[

@@ -556,10 +556,29 @@ impl<R: Runtime> Node<R> {
         seed: Option<&std::path::Path>,
         egress: Option<&model::network::Egress>,
     ) -> Result<Instance<R::Handle>> {
-        self.boot_as(key, template, seed, egress, false).await
+        self.boot_as(key, template, seed, egress, false, &[]).await
     }
 
-    /// `boot`, for a build step when `build` (see `runtime::BootSpec::build`).
+    /// `boot`, with `volumes` mounted before it is handed out: at boot where the runtime
+    /// cannot mount into a running instance, else right after.
+    async fn boot_mounted(
+        &self,
+        key: &PoolKey,
+        template: &Template,
+        seed: Option<&std::path::Path>,
+        egress: Option<&model::network::Egress>,
+        volumes: &[model::VolumeMount],
+    ) -> Result<Instance<R::Handle>> {
+        if self.inner.runtime.mounts_volumes_live() {
+            let booted = self.boot(key, template, seed, egress).await;
+            return self.with_volumes(booted, volumes).await;
+        }
+        self.boot_as(key, template, seed, egress, false, volumes)
+            .await
+    }
+
+    /// `boot`, for a build step when `build` (see `runtime::BootSpec::build`), with `volumes`
+    /// for a runtime that mounts them at boot.
     async fn boot_as(
         &self,
         key: &PoolKey,
@@ -567,6 +586,7 @@ impl<R: Runtime> Node<R> {
         seed: Option<&std::path::Path>,
         egress: Option<&model::network::Egress>,
         build: bool,
+        volumes: &[model::VolumeMount],
     ) -> Result<Instance<R::Handle>> {
         let id = ids::new_instance_id();
         let dir = self.inner.paths.sandboxes.join(&id);
@@ -581,6 +601,7 @@ impl<R: Runtime> Node<R> {
                 dir: &dir,
                 egress,
                 build,
+                volumes,
             })
             .await?;
         let services = &template.meta.services;

@@ -29,7 +29,10 @@ impl<R: Runtime> Node<R> {
                     self.name()
                 )));
             }
-            if let Some(inst) = self.pop_live_warm(&mut st, key) {
+            // A runtime that mounts volumes only at boot boots a sandbox that has them.
+            let warm_fits =
+                spec.volume_mounts.is_empty() || self.inner.runtime.mounts_volumes_live();
+            if warm_fits && let Some(inst) = self.pop_live_warm(&mut st, key) {
                 if egress.is_some() || !spec.volume_mounts.is_empty() {
                     // Counted as booting for a claim while its rules and volumes go in (see
                     // `adopt`).
@@ -43,7 +46,7 @@ impl<R: Runtime> Node<R> {
                 self.inner.wake_refill.notify_one();
                 return Ok((record, true));
             }
-            if !self.inner.cfg.cold_start {
+            if !self.inner.cfg.cold_start && warm_fits {
                 return Err(Error::no_capacity(format!(
                     "node {:?} has no warm sandbox for {key} and does not cold-start",
                     self.name()
@@ -62,8 +65,9 @@ impl<R: Runtime> Node<R> {
                 return Ok((self.adopt(equipped, key, &spec, Origin::Pool)?, true));
             }
         };
-        let booted = self.boot(key, &template, None, egress.as_ref()).await;
-        let booted = self.with_volumes(booted, &spec.volume_mounts).await;
+        let booted = self
+            .boot_mounted(key, &template, None, egress.as_ref(), &spec.volume_mounts)
+            .await;
         let record = self.adopt(booted, key, &spec, Origin::Pool)?;
         Ok((record, false))
     }
@@ -120,9 +124,14 @@ impl<R: Runtime> Node<R> {
         };
         let seed = self.inner.paths.checkpoints.join(&ck.id);
         let booted = self
-            .boot(&ck.key, &template, Some(&seed), egress.as_ref())
+            .boot_mounted(
+                &ck.key,
+                &template,
+                Some(&seed),
+                egress.as_ref(),
+                &spec.volume_mounts,
+            )
             .await;
-        let booted = self.with_volumes(booted, &spec.volume_mounts).await;
         self.adopt(booted, &ck.key, &spec, Origin::Checkpoint(ck.id))
     }
 

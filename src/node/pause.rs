@@ -148,12 +148,15 @@ impl<R: Runtime> Node<R> {
         let template = self.template(&current.key.template)?;
         let egress = self.egress_for(&current.key, &current.network, current.namespace())?;
         // The claim keeps its slot while paused, so nothing is reserved here.
+        // Its volumes are mounted again before it is handed out.
         let inst = self
-            .boot(&current.key, &template, Some(&saved), egress.as_ref())
-            .await;
-        // Its volumes are mounted again before anything of it runs.
-        let inst = self
-            .with_volumes(inst, &current.volume_mounts)
+            .boot_mounted(
+                &current.key,
+                &template,
+                Some(&saved),
+                egress.as_ref(),
+                &current.volume_mounts,
+            )
             .await
             .map_err(|e| e.context(format!("booting sandbox {id} from its saved files")))?;
         if self.state().closing {

@@ -316,7 +316,7 @@ impl<R: Runtime> Node<R> {
         quiet.meta.services.clear();
         quiet.meta.start_cmd = None;
         quiet.meta.ready_cmd = None;
-        match self.boot_as(key, &quiet, None, None, true).await {
+        match self.boot_as(key, &quiet, None, None, true, &[]).await {
             Ok(inst) => Ok(Slot {
                 node: self.clone(),
                 inst: Some(inst),

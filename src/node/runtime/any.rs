@@ -120,6 +120,13 @@ impl Runtime for AnyRuntime {
         on!(self, inst, |r, i| r.set_egress(&i, egress).await)
     }
 
+    fn mounts_volumes_live(&self) -> bool {
+        match self {
+            AnyRuntime::Builtin(r) => r.mounts_volumes_live(),
+            AnyRuntime::Gvisor(r) => r.mounts_volumes_live(),
+        }
+    }
+
     async fn mount_volume(
         &self,
         inst: &Instance<AnyHandle>,

@@ -616,6 +616,10 @@ impl Runtime for BuiltinRuntime {
         Ok(())
     }
 
+    fn mounts_volumes_live(&self) -> bool {
+        true
+    }
+
     async fn mount_volume(
         &self,
         inst: &Instance<BuiltinHandle>,

@@ -67,6 +67,10 @@ pub struct BootSpec<'a> {
     /// A build step's instance: what it writes is committed as a layer (see `commit`), so a
     /// runtime that keeps writes elsewhere puts them where `commit` reads them.
     pub build: bool,
+    /// Volumes mounted read-write before the instance runs, for runtimes that cannot mount
+    /// into a running one (`mounts_volumes_live` false); the others never get any here (the
+    /// node mounts theirs with `mount_volume`).
+    pub volumes: &'a [crate::model::VolumeMount],
 }
 
 /// Resource use of an instance at one moment.
@@ -140,6 +144,12 @@ pub trait Runtime: Send + Sync + 'static {
         )))
     }
 
+    /// Whether `mount_volume` works on a running instance (a warm one can be handed out with
+    /// volumes); else they are mounted at boot (`BootSpec::volumes`).
+    fn mounts_volumes_live(&self) -> bool {
+        false
+    }
+
     /// Mounts the host directory `source` (a volume's data) read-write at `target` inside the
     /// running instance.
     fn mount_volume(
@@ -151,7 +161,7 @@ pub trait Runtime: Send + Sync + 'static {
         let id = inst.id.clone();
         async move {
             Err(Error::invalid(format!(
-                "sandbox {id}'s runtime cannot mount volumes into a running sandbox; volume mounts need the built-in runtime"
+                "sandbox {id}'s runtime cannot mount volumes into a running sandbox; they are mounted when one boots"
             )))
         }
     }

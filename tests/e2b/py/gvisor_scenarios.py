@@ -1,8 +1,8 @@
 """Memory that survives the e2b verbs on the gvisor runtime, driven with the unmodified e2b
 Python SDK: a process holding a counter only in its memory keeps counting, with the same pid,
 after pause and connect, and in a sandbox created from a full snapshot; a filesystem-only
-pause keeps the files and boots fresh processes. Sandboxes with internet access are refused
-snapshots or kept in memory as the README says. Run by tests/gvisor.rs against `serve --runtime gvisor`.
+pause keeps the files and boots fresh processes. Sandboxes with internet access or volumes
+are refused snapshots and kept in memory as the README says. Run by tests/gvisor.rs against `serve --runtime gvisor`.
 """
 
 from __future__ import annotations
@@ -170,7 +170,10 @@ def test_a_full_pause_resumed_with_reboot_keeps_only_the_files(sbx):
     assert booted_at(again) > boot + 0.5
 
 
-def test_volume_mounts_are_refused_by_name():
+def test_sandboxes_with_volumes_pause_in_memory_and_refuse_snapshots():
+    # A volume is mounted when its sandbox boots (tests/e2b/py/test_volumes.py shares one
+    # between sandboxes here too); a checkpoint would carry its mount, so a sandbox with one
+    # is paused in memory and cannot be snapshotted or forked.
     import os
     import uuid
 
@@ -178,9 +181,18 @@ def test_volume_mounts_are_refused_by_name():
     from e2b import Volume
 
     vol = Volume.create(f"gvisor-{uuid.uuid4().hex[:8]}")
+    s = Sandbox.create(timeout=300, allow_internet_access=False, volume_mounts={"/mnt/v": vol})
     try:
+        n, pid = start_counter(s)
+        s.commands.run("echo kept > /mnt/v/f")
         with pytest.raises(SandboxException) as e:
-            Sandbox.create(volume_mounts={"/mnt/v": vol})
-        assert "400" in str(e.value) and "built-in runtime" in str(e.value), str(e.value)
+            s.create_snapshot()
+        assert "409" in str(e.value) and "volume" in str(e.value), str(e.value)
+        assert s.pause()
+        resumed = Sandbox.connect(s.sandbox_id, timeout=300)
+        keeps_counting(resumed, n, pid)
+        assert resumed.commands.run("cat /mnt/v/f").stdout == "kept\n"
     finally:
+        s.kill()
+        assert vol.read_file("/f") == "kept\n"
         Volume.destroy(vol.volume_id)

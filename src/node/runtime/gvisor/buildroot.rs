@@ -7,22 +7,21 @@
 //! runtime. runsc then runs without its own overlay and writes through to that upper.
 //!
 //! The views and the overlay are mounted in a mount namespace of runsc's own, between fork and
-//! exec (`RootMounts::apply`), so they vanish with the sandbox's processes. The disk is
+//! exec (see `views`), so they vanish with the sandbox's processes. The disk is
 //! mounted in the node's namespace, where the upper directory is read after the sandbox
 //! stopped; `release` and `unmount_under` take it down.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::super::disk::{self, Disks};
+use super::views::{ChildMounts, IdViews};
+use crate::sandbox::loopdev;
 use crate::sandbox::spec::IdMap;
-use crate::sandbox::{detached, loopdev};
 use crate::templates::Template;
 
 /// Where a build instance's pieces are, under its directory.
@@ -31,11 +30,10 @@ const BUILD: &str = "build";
 /// agent's binary, its libraries and its door there); never part of a layer.
 pub const OWN_PATHS: &[&str] = &[".sandbox-gateway"];
 
-/// A user namespace that maps the image's ids 0..count onto the node's shifted ones; an
-/// id-mapped mount through it shows a layer as the sandbox should see it.
+/// Layers are shown through the node's id-mapped views, as the sandbox should see them.
 #[derive(Debug)]
 pub struct BuildRoots {
-    userns: OwnedFd,
+    views: Arc<IdViews>,
     disks: Disks,
     ids: IdMap,
 }
@@ -47,28 +45,15 @@ fn nix_io(what: &'static str) -> impl FnOnce(nix::Error) -> io::Error {
 impl BuildRoots {
     /// Makes the namespace and checks that `templates` (where layers live) can be shown
     /// through id-mapped mounts; an error says why builds cannot run on this node.
-    pub fn new(ids: IdMap, templates: &Path, disks: PathBuf) -> io::Result<BuildRoots> {
-        let userns = mapped_user_namespace(ids)?;
+    pub fn new(
+        views: Arc<IdViews>,
+        ids: IdMap,
+        templates: &Path,
+        disks: PathBuf,
+    ) -> io::Result<BuildRoots> {
         let disks = Disks::find(disks)?;
-        let roots = BuildRoots { userns, disks, ids };
-        // A view that is made and dropped at once proves the kernel and file system take it.
-        let probe = c_path(templates)?;
-        let fd = roots.id_mapped_view(&probe).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "id-mapped mounts of {} do not work here: {e}",
-                    templates.display()
-                ),
-            )
-        })?;
-        drop(fd);
-        Ok(roots)
-    }
-
-    /// A detached, read-only, id-mapped copy of the mount at `path`.
-    fn id_mapped_view(&self, path: &CString) -> io::Result<OwnedFd> {
-        view(path, self.userns.as_raw_fd())
+        views.check(templates, false)?;
+        Ok(BuildRoots { views, disks, ids })
     }
 
     /// Prepares the build root of the instance in `dir` for `template`: the mount points, the
@@ -78,7 +63,7 @@ impl BuildRoots {
         dir: &Path,
         template: &Template,
         disk_bytes: u64,
-    ) -> io::Result<(PathBuf, RootMounts)> {
+    ) -> io::Result<(PathBuf, ChildMounts)> {
         use std::os::unix::fs::PermissionsExt;
         let build = dir.join(BUILD);
         std::fs::create_dir_all(build.join("root"))?;
@@ -90,11 +75,11 @@ impl BuildRoots {
             .iter()
             .chain(std::iter::once(&template.root))
             .collect();
-        let mut views = Vec::with_capacity(lowers.len());
+        let mut mounts = ChildMounts::new(self.views.clone());
         for (i, src) in lowers.iter().enumerate() {
             let target = build.join("l").join(i.to_string());
             std::fs::create_dir_all(&target)?;
-            views.push((c_path(src)?, c_path(&target)?));
+            mounts.view(src, &target, false)?;
         }
         let image = build.join("disk.ext4");
         disk::copy_sparse(&self.disks.blank(disk_bytes)?, &image)?;
@@ -120,12 +105,7 @@ impl BuildRoots {
             "lowerdir={},upperdir=disk/upper,workdir=disk/work,userxattr",
             lowerdir.join(":")
         );
-        let mounts = RootMounts {
-            userns: self.userns.as_raw_fd(),
-            views,
-            build: c_path(&build)?,
-            opts: CString::new(opts).map_err(io::Error::other)?,
-        };
+        mounts.overlay(&build, &opts)?;
         Ok((build.join("root"), mounts))
     }
 
@@ -216,98 +196,6 @@ fn unescape(s: &str) -> Vec<u8> {
         }
     }
     out
-}
-
-fn c_path(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other)
-}
-
-/// What runsc's child mounts in its own mount namespace: everything allocated beforehand, as
-/// nothing may allocate between fork and exec.
-#[derive(Debug, Clone)]
-pub struct RootMounts {
-    /// Borrowed from `BuildRoots`, which outlives every runsc it starts.
-    userns: libc::c_int,
-    /// (layer, mount point), top first.
-    views: Vec<(CString, CString)>,
-    build: CString,
-    opts: CString,
-}
-
-impl RootMounts {
-    /// Mounts the views and the overlay (at `build/root`). Runs in the forked child, after it
-    /// made its mount namespace private; only system calls.
-    pub fn apply(&self) -> io::Result<()> {
-        for (src, target) in &self.views {
-            let fd = view(src, self.userns)?;
-            detached::attach(&fd, target)?;
-        }
-        // SAFETY: chdir, mount and chdir with NUL-terminated strings we own.
-        unsafe {
-            if libc::chdir(self.build.as_ptr()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let rc = libc::mount(
-                c"overlay".as_ptr(),
-                c"root".as_ptr(),
-                c"overlay".as_ptr(),
-                libc::MS_NODEV,
-                self.opts.as_ptr().cast(),
-            );
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::chdir(c"/".as_ptr()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A detached, read-only, id-mapped clone of the mount at `path` (allocation-free).
-fn view(path: &CString, userns: libc::c_int) -> io::Result<OwnedFd> {
-    let fd = detached::clone_tree(path)?;
-    detached::set_attrs(
-        &fd,
-        detached::MOUNT_ATTR_IDMAP
-            | detached::MOUNT_ATTR_RDONLY
-            | detached::MOUNT_ATTR_NODEV
-            | detached::MOUNT_ATTR_NOSUID,
-        Some(userns),
-    )?;
-    Ok(fd)
-}
-
-/// A user namespace for id-mapped views of layers, held by a descriptor: a child unshares it
-/// and waits while its maps are written and the namespace is opened, then goes. A view maps
-/// a file's id as an id inside the namespace, so the namespace's ids base..base+count are the
-/// host's 0..count: a file stored as base shows as 0.
-fn mapped_user_namespace(ids: IdMap) -> io::Result<OwnedFd> {
-    let mut cmd = std::process::Command::new("sleep");
-    cmd.arg("30")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    // SAFETY: runs in the forked child before exec and makes one system call.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(io::Error::from)
-        })
-    };
-    let mut child = cmd.spawn()?;
-    let pid = child.id();
-    let opened = (|| {
-        let line = format!("{} 0 {}\n", ids.base, ids.count);
-        std::fs::write(format!("/proc/{pid}/uid_map"), &line)?;
-        std::fs::write(format!("/proc/{pid}/gid_map"), &line)?;
-        Ok::<_, io::Error>(OwnedFd::from(std::fs::File::open(format!(
-            "/proc/{pid}/ns/user"
-        ))?))
-    })();
-    let _ = child.kill();
-    let _ = child.wait();
-    opened
 }
 
 #[cfg(test)]

@@ -35,6 +35,9 @@ pub struct BundleSpec<'a> {
     pub netns: Option<&'a Path>,
     /// What the sandbox runs beside envd (its template's services).
     pub services: &'a [crate::sandbox::services::Service],
+    /// Volumes: a host directory (a view of the volume, see `views`) and where the sandbox
+    /// sees it, read-write.
+    pub volumes: &'a [(PathBuf, String)],
 }
 
 /// What root inside may hold: the container default that `crate::sandbox::seccomp` keeps for
@@ -66,7 +69,11 @@ fn bind(src: &Path, dst: &str, writable: bool) -> Result<Mount> {
         .destination(dst)
         .typ("bind")
         .source(src)
-        .options(vec!["rbind".to_string(), mode.to_string()])
+        .options(
+            ["rbind", mode, "nosuid", "nodev"]
+                .map(str::to_string)
+                .to_vec(),
+        )
         .build()
         .map_err(err)
 }
@@ -123,6 +130,9 @@ pub fn spec(b: &BundleSpec<'_>) -> Result<Spec> {
         mounts.push(bind(lib, &format!("{LIB}/{}", name(lib)), false)?);
     }
     mounts.push(bind(b.run_dir, RUN_DIR, true)?);
+    for (source, target) in b.volumes {
+        mounts.push(bind(source, target, true)?);
+    }
     let namespaces = [
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Ipc,
@@ -208,6 +218,7 @@ mod tests {
             cpu_count: 1,
             netns: None,
             services: &[crate::sandbox::services::Service::CodeInterpreter],
+            volumes: &[(PathBuf::from("/d/volumes/0"), "/mnt/work".into())],
         })
         .unwrap();
         let json = serde_json::to_value(&s).unwrap();
@@ -225,6 +236,16 @@ mod tests {
         assert_eq!(json["root"]["readonly"], false);
         let mounts = json["mounts"].to_string();
         assert!(mounts.contains("/.sandbox-gateway/run") && mounts.contains("libc.so.6"));
+        let volume = json["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/mnt/work")
+            .unwrap();
+        assert_eq!(volume["source"], "/d/volumes/0");
+        for opt in ["rw", "nosuid", "nodev"] {
+            assert!(volume["options"].to_string().contains(opt), "{volume}");
+        }
         assert_eq!(json["hostname"], "sb-1");
         let caps = json["process"]["capabilities"]["bounding"].to_string();
         assert!(caps.contains("CAP_CHOWN") && caps.contains("CAP_SETUID"));
@@ -253,6 +274,7 @@ mod tests {
             cpu_count: 1,
             netns: Some(Path::new("/proc/42/ns/net")),
             services: &[],
+            volumes: &[],
         })
         .unwrap();
         let json = serde_json::to_value(&s).unwrap();

@@ -11,6 +11,7 @@ pub mod bundle;
 pub mod files;
 pub mod holder;
 pub mod runsc;
+pub mod views;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,9 +35,10 @@ use crate::sandbox::net::ROUTER_ADDR;
 use crate::sandbox::netholder::HolderSpec;
 use crate::sandbox::spec::{IdMap, Net};
 use crate::templates::TemplateStore;
-use buildroot::{BuildRoots, RootMounts};
+use buildroot::BuildRoots;
 use holder::Holder;
 use runsc::Runsc;
+use views::{ChildMounts, IdViews};
 
 #[derive(Debug, Clone)]
 pub struct GvisorConfig {
@@ -77,6 +79,10 @@ pub struct GvisorHandle {
     /// changed after are its own (see `files`); 0 saves them all.
     #[serde(default)]
     pub root_made_ns: i64,
+    /// Whether volumes are mounted in it (its checkpoint would hold their mounts, which a
+    /// restore elsewhere does not have).
+    #[serde(default)]
+    pub volumes: bool,
 }
 
 /// What changes while a sandbox lives: the runsc container that runs it, or the image it is
@@ -103,14 +109,16 @@ struct ImageMeta {
 
 /// How `launch` starts a sandbox.
 enum Start<'a> {
-    /// From its bundle, with a build's root mounted for it when given.
-    Fresh(Option<&'a RootMounts>),
+    /// From its bundle, with a build's root or volumes mounted for it when given.
+    Fresh(Option<&'a ChildMounts>),
     /// From a checkpoint image.
     Restore(&'a Path),
 }
 
 const IMAGE_META: &str = "sandbox.json";
 const IMAGE_DIR: &str = "paused";
+/// Where an instance's volumes are shown to runsc (see `volume_views`).
+const VOLUMES_DIR: &str = "volumes";
 
 pub struct GvisorRuntime {
     cfg: GvisorConfig,
@@ -129,6 +137,8 @@ pub struct GvisorRuntime {
     reaper: Reaper,
     /// Build instances' roots, or why this node cannot have them.
     builds: std::result::Result<std::sync::Arc<BuildRoots>, String>,
+    /// Id-mapped views for build roots and volumes, or why this node cannot make them.
+    views: std::result::Result<std::sync::Arc<IdViews>, String>,
 }
 
 fn io_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
@@ -181,9 +191,14 @@ impl GvisorRuntime {
         let (libs, loader) = linked_libraries(&cfg.agent.program)?;
         let store = TemplateStore::new(&cfg.templates, cfg.ids)?;
         let reaper = Reaper::spawn(&cfg.agent, &cgroups, &cfg.node_lock)?;
-        let builds = BuildRoots::new(cfg.ids, &cfg.templates, cfg.disks.clone())
+        let views = IdViews::new(cfg.ids)
             .map(std::sync::Arc::new)
-            .map_err(|e| e.to_string());
+            .map_err(|e| format!("no user namespace for id-mapped mounts: {e}"));
+        let builds = views.clone().and_then(|v| {
+            BuildRoots::new(v, cfg.ids, &cfg.templates, cfg.disks.clone())
+                .map(std::sync::Arc::new)
+                .map_err(|e| e.to_string())
+        });
         if let Err(why) = &builds {
             tracing::warn!("template builds are off on this node: {why}");
         }
@@ -196,6 +211,7 @@ impl GvisorRuntime {
         Ok(GvisorRuntime {
             proxies,
             builds,
+            views,
             reaper,
             cfg,
             cgroups,
@@ -444,7 +460,7 @@ impl GvisorRuntime {
     }
 
     /// A build instance's root (see `buildroot`), prepared off the async threads.
-    async fn build_root(&self, spec: &BootSpec<'_>) -> Result<(PathBuf, RootMounts)> {
+    async fn build_root(&self, spec: &BootSpec<'_>) -> Result<(PathBuf, ChildMounts)> {
         let roots = self.build_roots()?;
         let bytes = self.cfg.disk_bytes.unwrap_or(spec.key.tier().disk_bytes);
         let (dir, template) = (spec.dir.to_path_buf(), spec.template.clone());
@@ -470,7 +486,57 @@ impl GvisorRuntime {
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    fn prepare(&self, spec: &BootSpec<'_>, root: &Path, init_token: &str) -> Result<CgroupSet> {
+    /// Makes `spec.volumes` mountable in the sandbox: a mount point for each in the
+    /// instance's directory, where runsc's child shows the volume through an id-mapped view
+    /// (see `views`; nothing is mounted in the node's namespace), and what the bundle binds
+    /// from there. A checkpoint's sandbox keeps the mounts it was saved with, so none are
+    /// added to one.
+    fn volume_views(
+        &self,
+        spec: &BootSpec<'_>,
+        restore: bool,
+        mounts: &mut Option<ChildMounts>,
+    ) -> Result<Vec<(PathBuf, String)>> {
+        if spec.volumes.is_empty() {
+            return Ok(Vec::new());
+        }
+        if restore {
+            return Err(Error::invalid(
+                "volumes cannot be mounted into a sandbox started from a gVisor snapshot; create it without volume mounts",
+            ));
+        }
+        let views = self.views.clone().map_err(|why| {
+            Error::invalid(format!(
+                "this node cannot mount volumes into gVisor sandboxes: {why}"
+            ))
+        })?;
+        let child = mounts.get_or_insert_with(|| ChildMounts::new(views.clone()));
+        let mut binds = Vec::with_capacity(spec.volumes.len());
+        for (i, v) in spec.volumes.iter().enumerate() {
+            let source = Path::new(&v.source);
+            views.check(source, true).map_err(|e| {
+                Error::invalid(format!(
+                    "volume {:?} cannot be mounted on this node's gVisor sandboxes: {e}",
+                    v.name
+                ))
+            })?;
+            let point = spec.dir.join(VOLUMES_DIR).join(i.to_string());
+            std::fs::create_dir_all(&point).map_err(io_err("making a volume's mount point"))?;
+            child
+                .view(source, &point, true)
+                .map_err(io_err("naming a volume's mount"))?;
+            binds.push((point, v.path.clone()));
+        }
+        Ok(binds)
+    }
+
+    fn prepare(
+        &self,
+        spec: &BootSpec<'_>,
+        root: &Path,
+        init_token: &str,
+        volumes: &[(PathBuf, String)],
+    ) -> Result<CgroupSet> {
         let dir = spec.dir;
         std::fs::create_dir(dir.join("run")).map_err(io_err("preparing the instance"))?;
         let egress = Net::parse(&spec.key.net)? == Net::Egress;
@@ -493,6 +559,7 @@ impl GvisorRuntime {
             // The holder's namespace is filled in at each start.
             netns: egress.then_some(Path::new("/proc/self/ns/net")),
             services: &spec.template.meta.services,
+            volumes,
         })?;
         bundle::write(&dir.join("bundle"), &b)?;
         let cg = self
@@ -690,7 +757,11 @@ impl Runtime for GvisorRuntime {
                 .map_err(io_err(format!("creating {}", spec.dir.display())))?;
             (root, None)
         };
-        let cg = match self.prepare(&spec, &root, &init_token) {
+        let mut mounts = mounts;
+        let prepared = self
+            .volume_views(&spec, checkpoint.is_some(), &mut mounts)
+            .and_then(|volumes| self.prepare(&spec, &root, &init_token, &volumes));
+        let cg = match prepared {
             Ok(cg) => cg,
             Err(e) => {
                 Self::remove_instance_dir(spec.dir);
@@ -748,6 +819,7 @@ impl Runtime for GvisorRuntime {
                 egress,
                 init_token,
                 root_made_ns,
+                volumes: !spec.volumes.is_empty(),
             },
             logs: Default::default(),
         };
@@ -794,6 +866,8 @@ impl Runtime for GvisorRuntime {
         let _busy = self.busy(&inst.id);
         let why_not = if inst.handle.egress {
             Some("it has internet access".to_string())
+        } else if inst.handle.volumes {
+            Some("it has volumes mounted".to_string())
         } else {
             self.unsaveable(&inst.dir).await?
         };
@@ -853,6 +927,12 @@ impl Runtime for GvisorRuntime {
             return Err(Error::conflict(format!(
                 "sandbox {} has internet access, and this runsc ({}) cannot save a sandbox's internet connections: snapshots and forks on the gvisor runtime need a sandbox without internet access (e2b allow_internet_access=False, net none)",
                 inst.id, self.cfg.runsc.version
+            )));
+        }
+        if inst.handle.volumes {
+            return Err(Error::conflict(format!(
+                "sandbox {} has volumes mounted, which a gVisor checkpoint would take with it: snapshots and forks on the gvisor runtime need a sandbox without volume mounts",
+                inst.id
             )));
         }
         if frozen {

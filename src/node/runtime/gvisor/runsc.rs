@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use super::super::cgroup::{CgroupSet, Cgroups};
-use super::buildroot::RootMounts;
+use super::views::ChildMounts;
 use crate::model::{Error, Result};
 
 #[derive(Debug, Clone)]
@@ -101,14 +101,14 @@ impl Runsc {
     }
 
     /// `call`, optionally working around runsc's root-namespace check (see `hide_proc_sys_net`)
-    /// and with a build's root mounted for it (see `buildroot`).
+    /// and with mounts of its own (a build's root, volumes: see `views`).
     async fn call_with(
         &self,
         what: &str,
         args: &[OsString],
         cgroup: Option<&CgroupSet>,
         network: bool,
-        root: Option<&RootMounts>,
+        mounts: Option<&ChildMounts>,
     ) -> Result<()> {
         let err_path = self.root.join(format!(
             "{what}-{}.stderr",
@@ -117,13 +117,13 @@ impl Runsc {
         let err_file = std::fs::File::create(&err_path)
             .map_err(|e| Error::io("creating the runsc error file", e))?;
         let mut cmd = tokio::process::Command::new(&self.path);
-        cmd.args(self.global(root.is_some()))
+        cmd.args(self.global(mounts.is_some_and(ChildMounts::own_root)))
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err_file);
-        if network || root.is_some() {
-            let root = root.cloned();
+        if network || mounts.is_some() {
+            let mounts = mounts.cloned();
             // SAFETY: runs in the forked child before exec and makes only system calls (the
             // mounts' strings were made before the fork).
             unsafe {
@@ -132,7 +132,7 @@ impl Runsc {
                     if network {
                         hide_proc_sys_net()?;
                     }
-                    match &root {
+                    match &mounts {
                         Some(r) => r.apply(),
                         None => Ok(()),
                     }
@@ -173,7 +173,7 @@ impl Runsc {
         id: &str,
         cgroup: &CgroupSet,
         egress: bool,
-        root: Option<&RootMounts>,
+        mounts: Option<&ChildMounts>,
     ) -> Result<()> {
         let args: Vec<OsString> = vec![
             network_flag(egress).into(),
@@ -183,7 +183,7 @@ impl Runsc {
             "--detach".into(),
             id.into(),
         ];
-        self.call_with("run", &args, Some(cgroup), egress, root)
+        self.call_with("run", &args, Some(cgroup), egress, mounts)
             .await
     }
 
