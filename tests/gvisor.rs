@@ -498,6 +498,8 @@ async fn the_e2b_sdk_works_and_keeps_memory_on_gvisor() {
         ("E2B_API_URL", url.clone()),
         ("E2B_SANDBOX_URL", url),
         ("SANDBOX_RUNTIME", "gvisor".to_string()),
+        // Where the node keeps its index (a scenario kills a sandbox's Sentry by its instance).
+        ("NODE_DIR", data.join("node").display().to_string()),
     ];
     tokio::task::block_in_place(|| {
         scenarios::pytest(

@@ -196,3 +196,75 @@ def test_sandboxes_with_volumes_pause_in_memory_and_refuse_snapshots():
         s.kill()
         assert vol.read_file("/f") == "kept\n"
         Volume.destroy(vol.volume_id)
+
+
+def test_memory_exhaustion_ends_the_process_not_the_sandbox():
+    # The Sentry holds all of a gVisor sandbox's memory; the node's memory guard ends the
+    # process that went past the sandbox's memory (exit 137, as the kernel's OOM killer on the
+    # built-in runtime), and envd and the sandbox go on, again and again.
+    s = Sandbox.create(timeout=300)
+    try:
+        s.commands.run("sleep 600", background=True)
+        for _ in range(2):
+            r = s.commands.run('python3 -c "b = bytearray(3 << 30)"; echo rc=$?', timeout=60)
+            assert r.stdout.strip() == "rc=137", r
+        assert s.commands.run("echo alive").stdout == "alive\n"
+        # Only the offender ended.
+        assert s.commands.run("pgrep -x sleep || echo none").stdout.strip() != "none"
+        assert s.get_info().state.value == "running"
+    finally:
+        s.kill()
+
+
+def test_a_sandbox_whose_sentry_the_host_killed_is_reported_dead():
+    # Killed from outside (the host's OOM killer, an operator): its gofer and network holder
+    # outlive the Sentry, and still the node reports it gone, with the reason, never running.
+    import json
+    import os
+    import signal
+
+    from e2b.exceptions import NotFoundException
+
+    s = Sandbox.create(timeout=300)
+    try:
+        # The node writes its index shortly after a claim.
+        instance = None
+        for _ in range(100):
+            index = json.load(open(os.path.join(os.environ["NODE_DIR"], "index.json")))
+            mine = [c for c in index["claims"] if c["record"]["id"] == s.sandbox_id.replace("-", "_")]
+            if mine:
+                instance = mine[0]["instance"]["id"]
+                break
+            time.sleep(0.1)
+        assert instance, index
+        sentries = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if argv[0] == b"runsc-sandbox" and any(instance.encode() in a for a in argv):
+                sentries.append(int(pid))
+        assert len(sentries) == 1, sentries
+        os.kill(sentries[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                Sandbox.get_info(s.sandbox_id)
+            except NotFoundException:
+                # The SDK's message is its own; the gateway's says why.
+                import httpx
+
+                r = httpx.get(
+                    f"{os.environ['E2B_API_URL'].rstrip('/')}/sandboxes/{s.sandbox_id}",
+                    headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+                )
+                assert r.status_code == 404 and "exited on its own" in r.text, r.text
+                return
+            time.sleep(0.5)
+        raise AssertionError("a sandbox without its Sentry was still reported")
+    finally:
+        try:
+            s.kill()
+        except Exception:
+            pass

@@ -10,6 +10,7 @@ pub mod buildroot;
 pub mod bundle;
 pub mod files;
 pub mod holder;
+pub mod oomguard;
 pub mod runsc;
 pub mod views;
 
@@ -99,6 +100,11 @@ struct Live {
     holder: Option<Holder>,
     /// The sandbox's egress rules, put in each new holder before the sandbox runs in it.
     egress: Option<Egress>,
+    /// Ends the largest process inside before the sandbox's memory runs out (see `oomguard`);
+    /// stops when the sandbox is forgotten.
+    _guard: Option<oomguard::Guard>,
+    /// The processes the guard ended.
+    oom_kills: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Written beside a checkpoint image: what a restore of it needs.
@@ -174,6 +180,12 @@ fn linked_libraries(binary: &Path) -> Result<(Vec<PathBuf>, PathBuf)> {
         Error::internal(format!("ldd found no ELF loader for {}", binary.display()))
     })?;
     Ok((libs, loader))
+}
+
+/// Whether `pid` is a runsc sandbox process (gVisor's kernel; runsc names it so).
+fn is_sentry(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|&b| b == 0).next() == Some(b"runsc-sandbox".as_slice()))
 }
 
 impl GvisorRuntime {
@@ -799,6 +811,14 @@ impl Runtime for GvisorRuntime {
                 return Err(e);
             }
         };
+        let oom_kills = std::sync::Arc::default();
+        let guard = oomguard::start(
+            spec.instance_id,
+            &cg,
+            spec.key.tier().memory_bytes,
+            Self::door(spec.dir),
+            std::sync::Arc::clone(&oom_kills),
+        );
         self.live().insert(
             spec.instance_id.to_string(),
             Live {
@@ -808,6 +828,8 @@ impl Runtime for GvisorRuntime {
                 busy: false,
                 holder,
                 egress: spec.egress.cloned(),
+                _guard: guard,
+                oom_kills,
             },
         );
         let inst = Instance {
@@ -1006,7 +1028,10 @@ impl Runtime for GvisorRuntime {
             // The writable layer lives in the sandbox's memory, except a build's.
             disk_used: disk.map_or(0, |d| d.0),
             disk_total: disk.map_or(0, |d| d.1),
-            oom_kills: m.oom_kills.unwrap_or(0),
+            oom_kills: m.oom_kills.unwrap_or(0)
+                + self.live().get(&inst.id).map_or(0, |l| {
+                    l.oom_kills.load(std::sync::atomic::Ordering::Relaxed)
+                }),
         })
     }
 
@@ -1014,7 +1039,11 @@ impl Runtime for GvisorRuntime {
         match self.live().get(&inst.id) {
             Some(l) if l.busy => true,
             Some(l) if l.paused && !l.frozen => inst.dir.join(IMAGE_DIR).exists(),
-            Some(_) => !Cgroups::pids(&inst.handle.cgroup).is_empty(),
+            // Its Sentry, not just any of its processes: a gofer or a network holder outlives
+            // a Sentry the host killed, and such a sandbox is dead.
+            Some(_) => Cgroups::pids(&inst.handle.cgroup)
+                .into_iter()
+                .any(is_sentry),
             None => false,
         }
     }
