@@ -389,8 +389,9 @@ pub struct SandboxArgs {
     /// runsc for the gvisor runtime [default: found on PATH].
     #[arg(long)]
     pub runsc: Option<PathBuf>,
-    /// runsc's platform (ptrace works everywhere; systrap or kvm where the build and host allow).
-    #[arg(long, default_value = "ptrace")]
+    /// runsc's platform: auto (systrap on runsc builds from mid-2023 on, ptrace on older
+    /// ones), ptrace, systrap, or kvm where the host allows.
+    #[arg(long, default_value = "auto")]
     pub runsc_platform: String,
     /// Disk all of the node's checkpoints (snapshots) may take together, in MiB; a snapshot
     /// that would exceed it is refused.

@@ -100,7 +100,7 @@ impl Default for RuntimeChoice {
         RuntimeChoice {
             kind: RuntimeKind::Builtin,
             runsc: None,
-            runsc_platform: "ptrace".into(),
+            runsc_platform: "auto".into(),
         }
     }
 }

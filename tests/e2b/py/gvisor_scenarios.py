@@ -1,8 +1,9 @@
 """Memory that survives the e2b verbs on the gvisor runtime, driven with the unmodified e2b
 Python SDK: a process holding a counter only in its memory keeps counting, with the same pid,
 after pause and connect, and in a sandbox created from a full snapshot; a filesystem-only
-pause keeps the files and boots fresh processes. Sandboxes with internet access or volumes
-are refused snapshots and kept in memory as the README says. Run by tests/gvisor.rs against `serve --runtime gvisor`.
+pause keeps the files and boots fresh processes. Sandboxes with internet access and servers
+snapshot with their state on a runsc that can (trixie's), and are refused and kept in memory
+on one that cannot (bookworm's); sandboxes with volumes are kept in memory on either. Run by tests/gvisor.rs against `serve --runtime gvisor`.
 """
 
 from __future__ import annotations
@@ -79,16 +80,81 @@ def test_a_sandbox_from_a_full_snapshot_has_the_memory(sbx):
         Sandbox.delete_snapshot(snap.snapshot_id)
 
 
-def test_internet_sandboxes_pause_in_memory_and_refuse_snapshots():
+def runsc_saves_connections() -> bool:
+    # The node runs the runsc on PATH, as this does: trixie's build (what CI installs) drops a
+    # sandbox's connections at a checkpoint; bookworm's cannot checkpoint them at all.
+    import subprocess
+
+    out = subprocess.run(["runsc", "flags"], capture_output=True, text=True)
+    return "-net-disconnect-ok" in out.stdout + out.stderr
+
+
+SERVERS = (
+    "import asyncio, os\n"
+    "hits = 0\n"
+    "async def handle(r, w):\n"
+    "    global hits\n"
+    "    await r.read(100)\n"
+    "    hits += 1\n"
+    "    w.write(('HTTP/1.0 200 OK\\r\\n\\r\\nasyncio %d %d' % (os.getpid(), hits)).encode())\n"
+    "    await w.drain()\n"
+    "    w.close()\n"
+    "async def main():\n"
+    "    s = await asyncio.start_server(handle, '127.0.0.1', 8000)\n"
+    "    async with s:\n"
+    "        await s.serve_forever()\n"
+    "asyncio.run(main())\n"
+)
+NODE_SERVER = (
+    "let hits = 0; require('http').createServer((q, r) => r.end('node ' + process.pid + ' ' + ++hits))"
+    ".listen(8001, '127.0.0.1')"
+)
+
+
+def ask_servers(s: Sandbox) -> list[list[str]]:
+    out = s.commands.run("curl -s 127.0.0.1:8000; echo; curl -s 127.0.0.1:8001; true").stdout
+    return [line.split() for line in out.split("\n")[:2]]
+
+
+def test_internet_sandboxes_snapshot_with_their_servers_or_pause_in_memory():
     s = Sandbox.create(timeout=300)
     try:
         n, pid = start_counter(s)
-        with pytest.raises(SandboxException) as e:
-            s.create_snapshot()
-        assert "internet access" in str(e.value)
+        if not runsc_saves_connections():
+            with pytest.raises(SandboxException) as e:
+                s.create_snapshot()
+            assert "internet access" in str(e.value)
+            assert s.pause()
+            resumed = Sandbox.connect(s.sandbox_id, timeout=300)
+            keeps_counting(resumed, n, pid)
+            return
+        # An asyncio and a Node server (sockets epoll watches) with state in their memory.
+        s.files.write("/tmp/servers.py", SERVERS)
+        s.commands.run("python3 /tmp/servers.py", background=True)
+        s.files.write("/tmp/server.js", NODE_SERVER)
+        s.commands.run("node /tmp/server.js", background=True)
+        for _ in range(100):
+            if all(ask_servers(s)):
+                break
+            time.sleep(0.1)
+        before = ask_servers(s)
+        assert [r[0] for r in before] == ["asyncio", "node"], before
+        snap = s.create_snapshot()
+        child = Sandbox.create(snap.snapshot_id, timeout=300)
+        try:
+            # The child continues every process where the snapshot caught it: the counter,
+            # and each server with its count (its connections were dropped, as e2b documents).
+            keeps_counting(child, n, pid)
+            for (name, spid, hits), now in zip(before, ask_servers(child)):
+                assert now[:2] == [name, spid] and int(now[2]) == int(hits) + 1, (before, now)
+            keeps_counting(s, n, pid)
+        finally:
+            child.kill()
+            Sandbox.delete_snapshot(snap.snapshot_id)
         assert s.pause()
         resumed = Sandbox.connect(s.sandbox_id, timeout=300)
         keeps_counting(resumed, n, pid)
+        assert [r[:2] for r in ask_servers(resumed)] == [r[:2] for r in before]
     finally:
         s.kill()
 

@@ -319,6 +319,9 @@ impl GvisorRuntime {
     /// Asks the sandbox whether a checkpoint would succeed (see `gvisor_init::unsaveable`):
     /// None if so, else why not.
     async fn unsaveable(&self, dir: &Path) -> Result<Option<String>> {
+        if self.cfg.runsc.saves_watched_sockets {
+            return Ok(None);
+        }
         let answer = Self::ask(dir, "SAVEABLE").await?;
         match answer.trim().split_once(' ').unwrap_or((answer.trim(), "")) {
             ("OK", _) => Ok(None),
@@ -728,9 +731,9 @@ impl Runtime for GvisorRuntime {
     }
 
     fn captures_memory(&self, net: &str) -> bool {
-        // This runsc cannot save internet connections (not even closed ones it still tracks),
-        // and a failed checkpoint ends the sandbox.
-        net == "none"
+        // Older runsc builds cannot save internet connections (not even closed ones they still
+        // track), and a failed checkpoint ends the sandbox; newer ones drop them.
+        net == "none" || self.cfg.runsc.saves_connections
     }
 
     async fn boot(&self, spec: BootSpec<'_>) -> Result<Instance<GvisorHandle>> {
@@ -886,7 +889,7 @@ impl Runtime for GvisorRuntime {
     /// sandbox is frozen in place, which keeps its memory and its connections.
     async fn pause(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
         let _busy = self.busy(&inst.id);
-        let why_not = if inst.handle.egress {
+        let why_not = if inst.handle.egress && !self.cfg.runsc.saves_connections {
             Some("it has internet access".to_string())
         } else if inst.handle.volumes {
             Some("it has volumes mounted".to_string())
@@ -945,7 +948,7 @@ impl Runtime for GvisorRuntime {
     ) -> Result<u64> {
         let _busy = self.busy(&inst.id);
         let frozen = self.live().get(&inst.id).is_some_and(|l| l.frozen);
-        if inst.handle.egress {
+        if inst.handle.egress && !self.cfg.runsc.saves_connections {
             return Err(Error::conflict(format!(
                 "sandbox {} has internet access, and this runsc ({}) cannot save a sandbox's internet connections: snapshots and forks on the gvisor runtime need a sandbox without internet access (e2b allow_internet_access=False, net none)",
                 inst.id, self.cfg.runsc.version

@@ -23,6 +23,12 @@ pub struct Runsc {
     pub date: Option<u32>,
     /// A directory for runsc's debug logs, when set.
     pub debug_log: Option<PathBuf>,
+    /// Whether this build can checkpoint a sandbox with network connections, dropping them
+    /// (`--net-disconnect-ok`; clients reconnect, as e2b documents for its snapshots).
+    pub saves_connections: bool,
+    /// Whether this build checkpoints TCP sockets an epoll instance watches (Node.js and
+    /// asyncio servers); older ones fail, and the failed checkpoint ends the sandbox.
+    pub saves_watched_sockets: bool,
 }
 
 /// The build date in `runsc version 0.0~20221219.0` or `runsc version release-20240801.0`.
@@ -31,6 +37,23 @@ pub fn build_date(version: &str) -> Option<u32> {
         .split(|c: char| !c.is_ascii_digit())
         .find(|part| part.len() == 8)
         .and_then(|d| d.parse().ok())
+}
+
+/// The first builds whose systrap platform runs on hosts without KVM, as these are (ptrace
+/// is slow: every system call inside stops the Sentry's stub).
+const SYSTRAP_SINCE: u32 = 20230601;
+
+/// The first build seen to checkpoint epoll-watched TCP sockets (Debian's 2022-12-19 cannot).
+const SAVES_WATCHED_SOCKETS_SINCE: u32 = 20240729;
+
+/// `auto` is systrap on builds that have a working one, ptrace on older ones; anything else
+/// is taken as asked.
+pub fn pick_platform(asked: &str, date: Option<u32>) -> &str {
+    match asked {
+        "auto" if date.is_some_and(|d| d >= SYSTRAP_SINCE) => "systrap",
+        "auto" => "ptrace",
+        other => other,
+    }
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -61,11 +84,22 @@ impl Runsc {
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let version = text.lines().next().unwrap_or_default().trim().to_string();
         std::fs::create_dir_all(&root).map_err(|e| Error::io("creating the runsc root", e))?;
+        let date = build_date(&version);
+        // Flags a build knows are in its `flags` listing (older builds lack the newer ones).
+        let flags = std::process::Command::new(&path)
+            .arg("flags")
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+            })
+            .unwrap_or_default();
         Ok(Some(Runsc {
-            date: build_date(&version),
+            saves_connections: flags.contains("-net-disconnect-ok"),
+            saves_watched_sockets: date.is_some_and(|d| d >= SAVES_WATCHED_SOCKETS_SINCE),
+            platform: pick_platform(platform, date).to_string(),
+            date,
             path,
             root,
-            platform: platform.to_string(),
             version,
             debug_log: std::env::var_os("SANDBOX_GATEWAY_RUNSC_DEBUG").map(PathBuf::from),
         }))
@@ -87,6 +121,9 @@ impl Runsc {
             .into(),
             "--ignore-cgroups".into(),
         ];
+        if self.saves_connections {
+            a.push("--net-disconnect-ok".into());
+        }
         if let Some(d) = &self.debug_log {
             a.push("--debug".into());
             a.push(format!("--debug-log={}/", d.display()).into());
@@ -314,5 +351,14 @@ mod tests {
             Some(20240801)
         );
         assert_eq!(build_date("runsc version 0.0.0"), None);
+    }
+
+    #[test]
+    fn auto_picks_systrap_on_builds_that_have_it() {
+        assert_eq!(pick_platform("auto", Some(20221219)), "ptrace");
+        assert_eq!(pick_platform("auto", Some(20240729)), "systrap");
+        assert_eq!(pick_platform("auto", None), "ptrace");
+        assert_eq!(pick_platform("ptrace", Some(20240729)), "ptrace");
+        assert_eq!(pick_platform("kvm", None), "kvm");
     }
 }
