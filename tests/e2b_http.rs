@@ -1214,3 +1214,152 @@ async fn volumes_and_their_files_survive_a_restart() {
         "a deleted volume's image is detached"
     );
 }
+
+/// Writes one HTTP/1.1 request to the gateway's e2b listener for the sandbox's envd, with a
+/// body of `mib` MiB streamed from one block when given; answers the connection, the
+/// status line and the headers read so far (lower-case), the rest of the body unread.
+async fn envd_request(
+    url: &str,
+    sandbox: &Value,
+    head: &str,
+    mib: Option<u64>,
+) -> (tokio::io::BufReader<tokio::net::TcpStream>, String) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!(
+        "{head} HTTP/1.1\r\nHost: {addr}\r\nE2b-Sandbox-Id: {}\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: {}\r\nConnection: close\r\n",
+        sandbox["sandboxID"].as_str().unwrap(),
+        sandbox["envdAccessToken"].as_str().unwrap_or_default(),
+    );
+    if let Some(mib) = mib {
+        req.push_str(&format!(
+            "Content-Type: application/octet-stream\r\nContent-Length: {}\r\n",
+            mib << 20
+        ));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    if let Some(mib) = mib {
+        // Bytes that do not compress, the same mebibyte over and over.
+        let block: Vec<u8> = (0..1u32 << 20)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for _ in 0..mib {
+            s.write_all(&block).await.unwrap();
+        }
+    }
+    let mut r = tokio::io::BufReader::new(s);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).await.unwrap();
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        head.push_str(&line.to_ascii_lowercase());
+    }
+    (r, head)
+}
+
+/// The largest resident size of `pid` seen while `work` runs, sampled every 5 ms.
+async fn peak_rss_during<T>(pid: i32, work: impl std::future::Future<Output = T>) -> (u64, T) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_bytes(pid));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    let out = work.await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    (sampler.join().unwrap(), out)
+}
+
+/// A gibibyte uploaded into a sandbox through the gateway and downloaded again keeps the
+/// gateway's memory flat: envd's file bodies stream through the gateway, its embedded node's
+/// data plane and the agent, never held whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gibibyte_up_and_down_keeps_the_gateways_memory_flat() {
+    use tokio::io::AsyncReadExt;
+    const MIB: u64 = 1024;
+    let (tmp, _) = workspace();
+    let gw = Gateway::start(
+        tmp.path(),
+        &["--pool", "base=1", "--sandbox-disk-mib", "2048"],
+    );
+    gw.wait_warm(1, "the pool").await;
+    let sb = gw.create(KEY_A, json!({"templateID": "base"})).await;
+    let pid = gw.proc.child.id() as i32;
+    // Warm the path (first tunnel, buffers) before the baseline.
+    let (mut r, head) = envd_request(
+        &gw.url,
+        &sb,
+        "POST /files?path=/home/user/warm&username=user",
+        Some(1),
+    )
+    .await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let _ = r.read_to_end(&mut Vec::new()).await;
+    let before = rss_bytes(pid);
+
+    let (up_peak, head) = peak_rss_during(pid, async {
+        let (mut r, head) = envd_request(
+            &gw.url,
+            &sb,
+            "POST /files?path=/home/user/big&username=user",
+            Some(MIB),
+        )
+        .await;
+        let _ = r.read_to_end(&mut Vec::new()).await;
+        head
+    })
+    .await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+
+    let (down_peak, (head, got)) = peak_rss_during(pid, async {
+        let (mut r, head) = envd_request(
+            &gw.url,
+            &sb,
+            "GET /files?path=/home/user/big&username=user",
+            None,
+        )
+        .await;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0u64;
+        loop {
+            let n = r.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+        (head, got)
+    })
+    .await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    if head.contains(&format!("content-length: {}", MIB << 20)) {
+        assert_eq!(got, MIB << 20);
+    } else {
+        // Chunked: the payload plus its framing.
+        assert!(got >= MIB << 20, "{got} bytes");
+    }
+    let (up, down) = (
+        up_peak.saturating_sub(before) >> 20,
+        down_peak.saturating_sub(before) >> 20,
+    );
+    assert!(
+        up < 64 && down < 64,
+        "the gateway grew by {up} MiB during the upload and {down} MiB during the download (from {} MiB)",
+        before >> 20
+    );
+    assert_eq!(
+        gw.kill(KEY_A, sb["sandboxID"].as_str().unwrap()).await,
+        StatusCode::NO_CONTENT
+    );
+}
