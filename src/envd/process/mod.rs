@@ -3,6 +3,7 @@
 //! started it (a client that goes away does not kill it, as in envd); its life ends with the
 //! Start call's deadline, a signal, or by itself.
 
+pub mod launch;
 pub mod pty;
 pub mod spawn;
 pub mod status;

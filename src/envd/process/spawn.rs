@@ -7,14 +7,15 @@ use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use connectrpc::{ConnectError, ErrorCode};
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::unix::pipe::{Receiver, Sender};
 use tokio::sync::{mpsc, watch};
 
+use super::launch;
 use super::pty::{self, PtyMaster};
 use super::status::{end_event, failed_end};
 use super::table::{Hub, HubMsg, Proc};
@@ -23,8 +24,6 @@ use crate::envd::proto::process::ProcessConfig;
 use crate::envd::state::Envd;
 use crate::envd::users::User;
 
-/// The `oom_score_adj` of commands: well above envd's, so the OOM killer picks them first.
-const OOM_SCORE_ADJ: &[u8] = b"500";
 const PIPE_CHUNK: usize = 32 * 1024;
 const PTY_CHUNK: usize = 16 * 1024;
 /// After the command exits, output still arriving is forwarded until the pipe has been quiet
@@ -63,6 +62,10 @@ fn cstring(what: &str, bytes: &[u8]) -> Result<CString, ConnectError> {
     })
 }
 
+fn internal_error(what: &str) -> ConnectError {
+    ConnectError::new(ErrorCode::Internal, what.to_string())
+}
+
 fn start_error(cmdline: &str, e: &std::io::Error) -> ConnectError {
     let code = match e.raw_os_error() {
         // fork/clone refused: the sandbox is out of processes or memory.
@@ -90,7 +93,7 @@ pub fn start(
             "cmd must not be empty",
         ));
     }
-    let cwd = cstring("cwd", spec.cwd.as_os_str().as_bytes())?;
+    cstring("cwd", spec.cwd.as_os_str().as_bytes())?;
     cstring("cmd", cfg.cmd.as_bytes())?;
     for a in &cfg.args {
         cstring("an argument", a.as_bytes())?;
@@ -106,80 +109,53 @@ pub fn start(
         }
     }
 
-    let mut cmd = tokio::process::Command::new(&cfg.cmd);
-    cmd.args(&cfg.args)
-        .env_clear()
-        .envs(spec.env.iter().cloned());
+    // The parent's ends of the pipes (or the terminal's master), and what the child gets.
+    let io_err = |e: std::io::Error| start_error(&cmdline, &e);
     let mut master = None;
-    if let Some((cols, rows)) = spec.pty {
-        let (m, s) = pty::open(cols, rows).map_err(|e| start_error(&cmdline, &e))?;
-        let dup = |s: &OwnedFd| s.try_clone().map_err(|e| start_error(&cmdline, &e));
-        cmd.stdin(Stdio::from(dup(&s)?))
-            .stdout(Stdio::from(dup(&s)?))
-            .stderr(Stdio::from(s));
+    let (mut stdin_w, mut stdout_r, mut stderr_r) = (None, None, None);
+    let child_fds: Vec<OwnedFd> = if let Some((cols, rows)) = spec.pty {
+        let (m, s) = pty::open(cols, rows).map_err(io_err)?;
         master = Some(m);
+        vec![s]
     } else {
-        cmd.stdin(if spec.stdin {
-            Stdio::piped()
+        let stdin = if spec.stdin {
+            let (r, w) = launch::pipe().map_err(io_err)?;
+            stdin_w = Some(w);
+            r
         } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    }
-
-    let is_pty = spec.pty.is_some();
-    let switch = spec.switch_user;
-    let (uid, gid) = (spec.user.uid, spec.user.gid);
-    let groups: Vec<libc::gid_t> = spec.user.groups.clone();
-    let oom_path = c"/proc/self/oom_score_adj";
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the closure runs in the forked child before exec and makes only raw system calls
-    // on values prepared before the fork (no allocation, no locks).
-    unsafe {
-        cmd.pre_exec(move || {
-            let fail = || Err(std::io::Error::last_os_error());
-            if libc::setsid() < 0 {
-                return fail();
-            }
-            if is_pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return fail();
-            }
-            // Best effort: raising one's own score needs no privilege, but /proc may be absent.
-            let fd = libc::open(oom_path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd >= 0 {
-                libc::write(fd, OOM_SCORE_ADJ.as_ptr().cast(), OOM_SCORE_ADJ.len());
-                libc::close(fd);
-            }
-            if switch {
-                // Raw calls: glibc's wrappers would try to synchronise threads that the child
-                // does not have.
-                if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) < 0
-                    || libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0
-                    || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
-                {
-                    return fail();
-                }
-            }
-            // After the switch (which clears it): the command dies with envd, even when envd
-            // is killed outright. A parent already gone by now is one we will never serve.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0
-                || libc::getppid() != parent
-            {
-                return fail();
-            }
-            // After the switch, so the user needs the right to enter it.
-            if libc::chdir(cwd.as_ptr()) < 0 {
-                return fail();
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| start_error(&cmdline, &e))?;
-    // Our copies of the terminal's slave side go with the command builder.
-    drop(cmd);
-    let pid = child.id().unwrap_or(0);
+            launch::null().map_err(io_err)?
+        };
+        let (out_r, out_w) = launch::pipe().map_err(io_err)?;
+        let (err_r, err_w) = launch::pipe().map_err(io_err)?;
+        stdout_r = Some(out_r);
+        stderr_r = Some(err_r);
+        vec![stdin, out_w, err_w]
+    };
+    let stdio = match child_fds.as_slice() {
+        [t] => [launch::raw(t); 3],
+        [i, o, e] => [launch::raw(i), launch::raw(o), launch::raw(e)],
+        _ => return Err(internal_error("unexpected standard streams")),
+    };
+    // Root sets the identity even for root (its own supplementary groups).
+    let identity = spec.switch_user.then(|| launch::Identity {
+        uid: spec.user.uid,
+        gid: spec.user.gid,
+        groups: spec.user.groups.clone(),
+    });
+    let plan = launch::Plan::new(
+        &cfg.cmd,
+        &cfg.args,
+        &spec.env,
+        &spec.cwd,
+        stdio,
+        spec.pty.is_some(),
+        identity,
+    )
+    .map_err(io_err)?;
+    let child = launch::launch(&plan).map_err(io_err)?;
+    // Our copies of the child's ends (the terminal's slave side, the pipes' far ends).
+    drop(child_fds);
+    let pid = child.pid as u32;
     let pty = match master {
         Some(m) => Some(Arc::new(
             PtyMaster::new(m).map_err(|e| start_error(&cmdline, &e))?,
@@ -191,7 +167,10 @@ pub fn start(
         config: spec.config.clone(),
         tag: spec.tag.clone(),
         hub: Hub::new(),
-        stdin: tokio::sync::Mutex::new(child.stdin.take()),
+        stdin: tokio::sync::Mutex::new(match stdin_w {
+            Some(w) => Some(Sender::from_owned_fd(w).map_err(io_err)?),
+            None => None,
+        }),
         pty: pty.clone(),
     });
     let Some(first) = proc.hub.subscribe() else {
@@ -209,7 +188,8 @@ pub fn start(
     if let Some(p) = pty {
         readers.push(tokio::spawn(pump_pty(p, proc.clone(), exited_rx.clone())));
     } else {
-        if let Some(out) = child.stdout.take() {
+        if let Some(out) = stdout_r {
+            let out = Receiver::from_owned_fd(out).map_err(io_err)?;
             readers.push(tokio::spawn(pump_pipe(
                 out,
                 proc.clone(),
@@ -217,7 +197,8 @@ pub fn start(
                 exited_rx.clone(),
             )));
         }
-        if let Some(err) = child.stderr.take() {
+        if let Some(err) = stderr_r {
+            let err = Receiver::from_owned_fd(err).map_err(io_err)?;
             readers.push(tokio::spawn(pump_pipe(
                 err,
                 proc.clone(),

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use connectrpc::ConnectError;
-use tokio::process::ChildStdin;
+use tokio::net::unix::pipe::Sender as ChildStdin;
 use tokio::sync::mpsc;
 
 use super::pty::PtyMaster;
