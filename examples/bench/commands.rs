@@ -64,7 +64,10 @@ pub struct RoundTrip {
     pub spaced: [Summary; 3],
     /// The same three, each a block of commands sent one after the other on its connection.
     pub back_to_back: [Summary; 3],
+    /// The bare spawn, each 50 ms after the previous one (as the spaced commands), and back
+    /// to back.
     pub bare: Summary,
+    pub bare_back_to_back: Summary,
 }
 
 pub const WAYS: [&str; 3] = [
@@ -76,9 +79,10 @@ pub const WAYS: [&str; 3] = [
 /// Times N spawns of `bash -l -c true` from inside the sandbox, the way envd spawns a command
 /// (pipes for its output, no stdin), and prints the durations in seconds.
 const SPAWN_PY: &str = r#"import subprocess, sys, time
-n, warm = int(sys.argv[1]), int(sys.argv[2])
+n, warm, gap = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 out = []
 for i in range(n + warm):
+    time.sleep(gap)
     t = time.perf_counter()
     subprocess.run(["/bin/bash", "-l", "-c", "true"], stdin=subprocess.DEVNULL,
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
@@ -167,21 +171,31 @@ pub async fn bench_round_trip(samples: usize) -> Res<RoundTrip> {
             full(SPAWN_PY.as_bytes().to_vec()),
         )
         .await?;
-    let out = check(direct, &format!("python3 /home/user/spawn.py {samples} 20")).await?;
-    let bare: Vec<Duration> = out
-        .split_whitespace()
-        .map(|s| s.parse::<f64>().map(Duration::from_secs_f64))
-        .collect::<Result<_, _>>()
-        .context("parsing the spawn timings")?;
-    if bare.len() != samples {
-        return Err(format!("the spawn script printed {} timings", bare.len()).into());
+    let mut bare = Vec::new();
+    for gap in [SPACING.as_secs_f64(), 0.0] {
+        let out = check(
+            direct,
+            &format!("python3 /home/user/spawn.py {samples} 20 {gap}"),
+        )
+        .await?;
+        let times: Vec<Duration> = out
+            .split_whitespace()
+            .map(|s| s.parse::<f64>().map(Duration::from_secs_f64))
+            .collect::<Result<_, _>>()
+            .context("parsing the spawn timings")?;
+        if times.len() != samples {
+            return Err(format!("the spawn script printed {} timings", times.len()).into());
+        }
+        bare.push(summarize(times));
     }
     drop(ways);
     gw.stop();
+    let bare_back_to_back = bare.pop().ok_or("no back-to-back spawns")?;
     Ok(RoundTrip {
         spaced: spaced.map(summarize),
         back_to_back: back_to_back.map(summarize),
-        bare: summarize(bare),
+        bare: bare.pop().ok_or("no spaced spawns")?,
+        bare_back_to_back,
     })
 }
 
@@ -223,11 +237,13 @@ pub fn render_round_trip(o: &mut String, r: &RoundTrip) {
          does). The bare spawn: a Python script uploaded with `POST /files` and run in the \
          sandbox times {} spawns of the same `bash -l -c true` with `time.perf_counter` \
          (`subprocess.run` with piped output, as envd spawns commands; 20 warm-ups first), as \
-         the same default user.\n",
+         the same default user, spaced ({} ms before each, as the spaced commands) and back to \
+         back; the agent's overhead compares like with like.\n",
         r.spaced[0].n,
         SPACING.as_millis(),
         r.back_to_back[0].n,
-        r.bare.n
+        r.bare.n,
+        SPACING.as_millis()
     );
     let _ = writeln!(
         o,
@@ -240,7 +256,12 @@ pub fn render_round_trip(o: &mut String, r: &RoundTrip) {
     for (name, s) in WAYS.iter().zip(&r.back_to_back) {
         summary_row(o, &format!("{name}, back to back"), s);
     }
-    summary_row(o, "bare spawn inside the sandbox", &r.bare);
+    summary_row(o, "bare spawn inside the sandbox, spaced", &r.bare);
+    summary_row(
+        o,
+        "bare spawn inside the sandbox, back to back",
+        &r.bare_back_to_back,
+    );
     let ratio = |a: &Summary, b: &Summary, p: fn(&Summary) -> Duration| {
         p(a).as_secs_f64() / p(b).as_secs_f64().max(1e-9)
     };
@@ -264,10 +285,13 @@ pub fn render_round_trip(o: &mut String, r: &RoundTrip) {
     let _ = write!(
         o,
         "Back to back, each command costs more than spaced by {} (gateway), {} (node data \
-         plane) and {} (direct) at p50.",
+         plane) and {} (direct) at p50; the agent's overhead back to back, direct − bare \
+         spawn: {} at p50, {} at p90.",
         less(bg.p50, g.p50),
         less(bn.p50, n.p50),
-        less(bd.p50, d.p50)
+        less(bd.p50, d.p50),
+        less(bd.p50, r.bare_back_to_back.p50),
+        less(bd.p90, r.bare_back_to_back.p90)
     );
     if r.stalls() {
         let _ = write!(
