@@ -37,7 +37,10 @@ pub const ENVD_VERSION: &str = "0.6.4";
 /// blocking work as long as one thread exists.
 const PREWARMED_BLOCKING_THREADS: usize = 4;
 const MAX_BLOCKING_THREADS: usize = 64;
-const WORKER_THREADS: usize = 2;
+/// One: a command's request, spawn, output and end then stay on one thread. Each hand-off
+/// between workers woken from idle cost a sandbox's spaced command about a millisecond on
+/// these hosts (PERFORMANCE.md, "Command round trip"); blocking work has its own threads.
+const WORKER_THREADS: usize = 1;
 
 #[derive(Debug, Clone, Default)]
 pub struct EnvdConfig {
