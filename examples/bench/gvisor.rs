@@ -16,6 +16,21 @@ use crate::envd::{Envd, Via, check};
 use crate::gvisor_pool::{PoolCost, bench_pool, render_pool};
 
 pub const RUNTIMES: [&str; 2] = ["builtin", "gvisor"];
+
+/// The runsc the nodes run (found on PATH, as they find it) and the platform `auto` picks.
+fn runsc_described() -> String {
+    use sandbox_gateway::node::runtime::gvisor::runsc::{build_date, pick_platform};
+    let out = std::process::Command::new("runsc")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    let version = out.lines().next().unwrap_or("runsc").trim().to_string();
+    format!(
+        "{version}, platform {}",
+        pick_platform("auto", build_date(&version))
+    )
+}
 /// The reference's published figures (cocoonstack, `docs/lifecycle.md` and the snapshot-clone
 /// tier), quoted, not measured here.
 const REF_PAUSE: &str = "315 ms";
@@ -378,9 +393,8 @@ fn render_verbs(o: &mut String, v: &MemoryVerbs) {
     let _ = writeln!(
         o,
         "Method: for each runtime in turn, one `sandbox-gateway node --runtime RUNTIME` \
-         (gVisor: runsc, platform ptrace); per row one claimed `base/none/{SIZE}` sandbox \
-         (1 GiB limit; net `none`, since gVisor sandboxes with internet access are only \
-         frozen) in which, through envd over the node's data plane, a python3 process \
+         (gVisor: {}); per row one claimed `base/none/{SIZE}` sandbox \
+         (1 GiB limit; net `none`, which every runsc build checkpoints) in which, through envd over the node's data plane, a python3 process \
          allocates a bytearray of N MiB, fills it with a random 1 MiB block repeated (no \
          compression shrinks it) and sleeps. Then, through the dispatcher over loopback gRPC, \
          {} rounds of: pause; resume (timed until the call returns, and until the sandbox \
@@ -391,6 +405,7 @@ fn render_verbs(o: &mut String, v: &MemoryVerbs) {
          is the checkpoint's size; \"same process\" says whether the touching process still \
          runs after resume / in the fork child. The reference column is the reference's \
          published figures for a microVM (512 MiB guest), not measured here.\n",
+        runsc_described(),
         v.runs
     );
     let _ = writeln!(
