@@ -28,12 +28,10 @@ fn runsc() -> Option<String> {
 /// Whether the installed runsc checkpoints what bookworm's cannot (connections, epoll-watched
 /// sockets): trixie's 20240729, which .ci/run installs.
 fn runsc_saves_more() -> bool {
-    let out = std::process::Command::new("runsc")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
-    sandbox_gateway::node::runtime::gvisor::runsc::build_date(&out).is_some_and(|d| d >= 20240729)
+    use sandbox_gateway::node::runtime::gvisor::runsc::{build_date, version_on_path};
+    version_on_path()
+        .and_then(|v| build_date(&v))
+        .is_some_and(|d| d >= 20240729)
 }
 
 async fn claim(d: &Dispatcher, name: &str, net: &str) -> (SandboxRecord, SandboxClient) {

@@ -19,13 +19,10 @@ pub const RUNTIMES: [&str; 2] = ["builtin", "gvisor"];
 
 /// The runsc the nodes run (found on PATH, as they find it) and the platform `auto` picks.
 fn runsc_described() -> String {
-    use sandbox_gateway::node::runtime::gvisor::runsc::{build_date, pick_platform};
-    let out = std::process::Command::new("runsc")
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
-    let version = out.lines().next().unwrap_or("runsc").trim().to_string();
+    use sandbox_gateway::node::runtime::gvisor::runsc::{
+        build_date, pick_platform, version_on_path,
+    };
+    let version = version_on_path().unwrap_or_else(|| "runsc".into());
     format!(
         "{version}, platform {}",
         pick_platform("auto", build_date(&version))

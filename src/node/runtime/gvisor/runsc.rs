@@ -56,6 +56,16 @@ pub fn pick_platform(asked: &str, date: Option<u32>) -> &str {
     }
 }
 
+/// The first line of `runsc --version` for the runsc on PATH (as a node finds it), if any.
+pub fn version_on_path() -> Option<String> {
+    let out = std::process::Command::new(which("runsc")?)
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Some(text.lines().next()?.trim().to_string())
+}
+
 fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin".into());
     std::env::split_paths(&path)
