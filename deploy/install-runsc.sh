@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Installs Debian trixie's runsc, upstream 20240729 (statically linked, no dependencies), taken
-# from trixie with apt pinned so that nothing else of the system moves to trixie. Opt-in: its
-# systrap platform runs on hosts without KVM, and it checkpoints sandboxes with network
-# connections and epoll-watched sockets, which bookworm's build (2022-12-19, what .ci/run
-# installs) cannot; but a sandbox that goes past its memory hangs on it (README, "Which
-# runsc"). When trixie cannot be reached, bookworm's runsc is installed instead.
+# Installs the gVisor runtime (runsc) a gvisor node wants: Debian trixie's build of upstream
+# 20240729 (statically linked, no dependencies), taken from trixie with apt pinned so that
+# nothing else of the system moves to trixie. Its systrap platform runs on hosts without KVM,
+# and it checkpoints sandboxes with network connections and epoll-watched sockets, which
+# bookworm's build (2022-12-19) cannot. When trixie cannot be reached, bookworm's runsc is
+# installed instead; the node works with it too, with the limits README.md lists.
 # Usage: deploy/install-runsc.sh   (as root, on Debian bookworm or later)
 set -euo pipefail
 

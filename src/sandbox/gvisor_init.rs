@@ -34,6 +34,9 @@ pub const GENERATION: &str = "generation";
 /// envd's socket, inside the sandbox's own file system (never shared with the host).
 const ENVD_SOCKET: &str = "/.sandbox-gateway/envd.sock";
 
+/// The agent's pid (envd), which the memory guard never ends.
+static AGENT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
 /// Runs as pid 1; never returns.
 pub fn run(
     init_token: String,
@@ -67,6 +70,7 @@ pub fn run(
     // The agent first, while this process is single-threaded.
     // SAFETY: fork of a single-threaded process; the child becomes the agent.
     let agent = unsafe { libc::fork() };
+    AGENT.store(agent, std::sync::atomic::Ordering::Relaxed);
     if agent == 0 {
         let cfg = crate::envd::EnvdConfig {
             init_token: Some(init_token),
@@ -190,6 +194,21 @@ fn serve(listener: &UnixListener, open: &Open) {
                 }
                 let _ = conn.shutdown(Shutdown::Both);
             }
+            // The node's memory guard (see `crate::node::runtime::gvisor::oomguard`): the
+            // sandbox is near its memory limit, so its largest process ends, as the kernel's
+            // OOM killer would end it, before the host ends the whole sandbox.
+            ("RECLAIM", floor) => {
+                let floor = floor.parse::<u64>().unwrap_or(u64::MAX);
+                let answer = match largest_process() {
+                    Some((pid, rss, name)) if rss >= floor => {
+                        // SAFETY: kill with a pid read from /proc.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                        format!("KILLED {pid} {name} {} MiB\n", rss >> 20)
+                    }
+                    _ => "NONE\n".to_string(),
+                };
+                let _ = conn.write_all(answer.as_bytes());
+            }
             ("CONT", _) => {
                 signal_others(libc::SIGCONT);
                 let _ = conn.write_all(b"OK\n");
@@ -239,6 +258,32 @@ fn serve(listener: &UnixListener, open: &Open) {
             }
         }
     }
+}
+
+/// The process holding the most memory, other than this init and the agent: (pid, resident
+/// bytes, name).
+fn largest_process() -> Option<(libc::pid_t, u64, String)> {
+    let agent = AGENT.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&p| p > 1 && p != agent)
+        .filter_map(|p| {
+            let statm = std::fs::read_to_string(format!("/proc/{p}/statm")).ok()?;
+            let rss = resident_bytes(&statm, page)?;
+            let name = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+            Some((p, rss, name.trim().to_string()))
+        })
+        .max_by_key(|(_, rss, _)| *rss)
+}
+
+/// The resident size a `/proc/PID/statm` line gives (its second field, in pages).
+fn resident_bytes(statm: &str, page: u64) -> Option<u64> {
+    let pages = statm.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    Some(pages.saturating_mul(page))
 }
 
 /// Sends `signal` to every process of the sandbox but this init, twice over, so that one
@@ -419,4 +464,19 @@ fn splice(unix: UnixStream, inner: Inner, already_read: Vec<u8>, (open, id): (Op
         let _ = unix_w.shutdown(Shutdown::Write);
         lock(&open).1.remove(&id);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resident_size_is_the_second_statm_field_in_pages() {
+        assert_eq!(
+            resident_bytes("258270 76800 1024 1 0 76900 0\n", 4096),
+            Some(76800 * 4096)
+        );
+        assert_eq!(resident_bytes("12", 4096), None);
+        assert_eq!(resident_bytes("1 x 2", 4096), None);
+    }
 }

@@ -264,14 +264,30 @@ def test_sandboxes_with_volumes_pause_in_memory_and_refuse_snapshots():
         Volume.destroy(vol.volume_id)
 
 
+def test_memory_exhaustion_ends_the_process_not_the_sandbox():
+    # The Sentry holds all of a gVisor sandbox's memory; the node's memory guard ends the
+    # process that went past the sandbox's memory (exit 137, as the kernel's OOM killer on the
+    # built-in runtime), and envd and the sandbox go on, again and again.
+    s = Sandbox.create(timeout=300)
+    try:
+        s.commands.run("sleep 600", background=True)
+        for _ in range(2):
+            r = s.commands.run('python3 -c "b = bytearray(3 << 30)"; echo rc=$?', timeout=60)
+            assert r.stdout.strip() == "rc=137", r
+        assert s.commands.run("echo alive").stdout == "alive\n"
+        # Only the offender ended.
+        assert s.commands.run("pgrep -x sleep || echo none").stdout.strip() != "none"
+        assert s.get_info().state.value == "running"
+    finally:
+        s.kill()
+
+
 def test_a_sandbox_whose_sentry_the_host_killed_is_reported_dead():
     # Killed from outside (the host's OOM killer, an operator): its gofer and network holder
     # outlive the Sentry, and still the node reports it gone, with the reason, never running.
     import json
     import os
     import signal
-
-    from e2b.exceptions import NotFoundException
 
     s = Sandbox.create(timeout=300)
     try:
@@ -295,22 +311,48 @@ def test_a_sandbox_whose_sentry_the_host_killed_is_reported_dead():
                 sentries.append(int(pid))
         assert len(sentries) == 1, sentries
         os.kill(sentries[0], signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                Sandbox.get_info(s.sandbox_id)
-            except NotFoundException:
-                # The SDK's message is its own; the gateway's says why.
-                import httpx
+        assert reported_gone(s, within=30), "a sandbox without its Sentry was still reported"
+    finally:
+        try:
+            s.kill()
+        except Exception:
+            pass
 
-                r = httpx.get(
-                    f"{os.environ['E2B_API_URL'].rstrip('/')}/sandboxes/{s.sandbox_id}",
-                    headers={"X-API-Key": os.environ["E2B_API_KEY"]},
-                )
-                assert r.status_code == 404 and "exited on its own" in r.text, r.text
-                return
-            time.sleep(0.5)
-        raise AssertionError("a sandbox without its Sentry was still reported")
+
+def reported_gone(s: Sandbox, within: float) -> bool:
+    """Whether the gateway reports `s` gone (404, saying why) within `within` seconds."""
+    import os
+
+    import httpx
+    from e2b.exceptions import NotFoundException
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            Sandbox.get_info(s.sandbox_id)
+        except NotFoundException:
+            # The SDK's message is its own; the gateway's says why.
+            r = httpx.get(
+                f"{os.environ['E2B_API_URL'].rstrip('/')}/sandboxes/{s.sandbox_id}",
+                headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+            )
+            assert r.status_code == 404 and "exited on its own" in r.text, r.text
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_a_sandbox_that_fills_its_memory_with_files_is_ended_not_left_hanging():
+    # Files in gVisor's in-memory overlay are no process the memory guard could end: the host
+    # ends the sandbox at its limit (the guard lets the kernel's OOM killer act rather than
+    # leave it waiting there), and the gateway reports it gone.
+    s = Sandbox.create(timeout=300)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SandboxException):
+            s.commands.run("head -c 4G /dev/zero > /tmp/big; echo survived", timeout=60)
+        assert time.monotonic() - started < 30
+        assert reported_gone(s, within=30), "a sandbox that filled its memory was still reported"
     finally:
         try:
             s.kill()

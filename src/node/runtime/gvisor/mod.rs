@@ -10,6 +10,7 @@ pub mod buildroot;
 pub mod bundle;
 pub mod files;
 pub mod holder;
+pub mod oomguard;
 pub mod runsc;
 pub mod views;
 
@@ -99,6 +100,11 @@ struct Live {
     holder: Option<Holder>,
     /// The sandbox's egress rules, put in each new holder before the sandbox runs in it.
     egress: Option<Egress>,
+    /// Ends the largest process inside before the sandbox's memory runs out (see `oomguard`);
+    /// stops when the sandbox is forgotten.
+    _guard: Option<oomguard::Guard>,
+    /// The processes the guard ended.
+    oom_kills: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Written beside a checkpoint image: what a restore of it needs.
@@ -576,7 +582,8 @@ impl GvisorRuntime {
             .create(spec.instance_id)
             .map_err(io_err("creating the instance cgroups"))?;
         let limits = Limits {
-            memory_bytes: tier.memory_bytes,
+            // Above the sandbox's memory: the memory guard acts at it (see `oomguard`).
+            memory_bytes: oomguard::host_limit(tier.memory_bytes),
             cpus: tier.cpu_count,
             // The Sentry's own threads count against this too.
             pids: tier.pids + 256,
@@ -808,6 +815,14 @@ impl Runtime for GvisorRuntime {
                 return Err(e);
             }
         };
+        let oom_kills = std::sync::Arc::default();
+        let guard = oomguard::start(
+            spec.instance_id,
+            &cg,
+            spec.key.tier().memory_bytes,
+            Self::door(spec.dir),
+            std::sync::Arc::clone(&oom_kills),
+        );
         self.live().insert(
             spec.instance_id.to_string(),
             Live {
@@ -817,6 +832,8 @@ impl Runtime for GvisorRuntime {
                 busy: false,
                 holder,
                 egress: spec.egress.cloned(),
+                _guard: guard,
+                oom_kills,
             },
         );
         let inst = Instance {
@@ -1015,7 +1032,10 @@ impl Runtime for GvisorRuntime {
             // The writable layer lives in the sandbox's memory, except a build's.
             disk_used: disk.map_or(0, |d| d.0),
             disk_total: disk.map_or(0, |d| d.1),
-            oom_kills: m.oom_kills.unwrap_or(0),
+            oom_kills: m.oom_kills.unwrap_or(0)
+                + self.live().get(&inst.id).map_or(0, |l| {
+                    l.oom_kills.load(std::sync::atomic::Ordering::Relaxed)
+                }),
         })
     }
 
