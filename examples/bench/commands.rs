@@ -116,7 +116,7 @@ async fn timed_true(envd: &mut Envd) -> Res<Duration> {
 pub async fn bench_round_trip(samples: usize) -> Res<RoundTrip> {
     let gw = Daemon::gateway_with(&["base/egress=2".to_string()], &[])?;
     let http = reqwest::Client::new();
-    wait_gateway_warm(&http, &gw.address, 2).await?;
+    wait_gateway_warm(&gw, 2).await?;
     let sb = e2b_create_sandbox(&http, &gw.address).await?;
     let (node, fleet) = gw.embedded_node()?;
     let rec = node_record(&node, &fleet, &sb.id).await?;

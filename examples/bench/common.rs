@@ -48,6 +48,8 @@ pub struct Summary {
     pub n: usize,
     pub p50: Duration,
     pub p90: Duration,
+    /// Kept for the targets stated as p95; the tables show p90 and p99.
+    pub p95: Duration,
     pub p99: Duration,
     pub max: Duration,
 }
@@ -58,6 +60,7 @@ pub fn summarize(mut v: Vec<Duration>) -> Summary {
         n: v.len(),
         p50: pct(&v, 50.0),
         p90: pct(&v, 90.0),
+        p95: pct(&v, 95.0),
         p99: pct(&v, 99.0),
         max: v.last().copied().unwrap_or_default(),
     }

@@ -195,7 +195,7 @@ pub async fn bench_create_paths(samples: usize, pool: u32, fb: &mut FacadeBench)
         .build()?;
     let kube = gw.kube_address.clone().ok_or("no Kubernetes address")?;
     let (mut facade, mut e2b) = (Vec::new(), Vec::new());
-    wait_gateway_warm(&http, &gw.address, pool).await?;
+    wait_gateway_warm(&gw, pool).await?;
     let per_round = 50usize;
     while facade.len() < samples {
         let mut names = Vec::new();
@@ -231,7 +231,7 @@ pub async fn bench_create_paths(samples: usize, pool: u32, fb: &mut FacadeBench)
                 .send()
                 .await?;
         }
-        wait_gateway_warm(&http, &gw.address, pool).await?;
+        wait_gateway_warm(&gw, pool).await?;
         let mut ids = Vec::new();
         for _ in 0..per_round {
             let (took, id) = e2b_create(&http, &gw.address).await?;
@@ -241,7 +241,7 @@ pub async fn bench_create_paths(samples: usize, pool: u32, fb: &mut FacadeBench)
         for id in ids {
             e2b_kill(&http, &gw.address, &id).await?;
         }
-        wait_gateway_warm(&http, &gw.address, pool).await?;
+        wait_gateway_warm(&gw, pool).await?;
     }
     gw.stop();
     fb.create = summarize(facade);

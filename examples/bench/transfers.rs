@@ -124,7 +124,7 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
         &["--sandbox-disk-mib".to_string(), disk_mib.to_string()],
     )?;
     let http = reqwest::Client::new();
-    wait_gateway_warm(&http, &gw.address, 1).await?;
+    wait_gateway_warm(&gw, 1).await?;
     let sb = e2b_create_sandbox(&http, &gw.address).await?;
     let (node, fleet) = gw.embedded_node()?;
     let rec = node_record(&node, &fleet, &sb.id).await?;

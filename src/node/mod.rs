@@ -47,6 +47,10 @@ use crate::templates::{Template, TemplateStore};
 const LOST_MEMORY: usize = 1000;
 /// How long a failed background destroy is retried (see `destroy_later`).
 const DESTROY_RETRY_FOR: Duration = Duration::from_secs(600);
+/// Background destroys run at most this many at once: each kills processes, unmounts and
+/// removes a sandbox's cgroups and files, and a hundred released together would otherwise
+/// take every core from the claims still coming in (the tail of concurrent creates).
+const DESTROYS_AT_ONCE: usize = 2;
 /// How long a node waits for the data directory of a node that just ended.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const EVENT_BUFFER: usize = 4096;
@@ -151,6 +155,8 @@ pub(crate) struct Inner<R: Runtime> {
     persist_lock: tokio::sync::Mutex<()>,
     /// Background work (destroys, boots, the node's loops) that shutdown waits for.
     tasks: TaskTracker,
+    /// Turns of the background destroys (see `DESTROYS_AT_ONCE`).
+    destroys: tokio::sync::Semaphore,
     shutdown: CancellationToken,
     started_at: DateTime<Utc>,
     /// Capacity of the file system holding the sandboxes, read at start.
@@ -340,6 +346,7 @@ impl<R: Runtime> Node<R> {
             wake_reaper: Notify::new(),
             persist_lock: tokio::sync::Mutex::new(()),
             tasks: TaskTracker::new(),
+            destroys: tokio::sync::Semaphore::new(DESTROYS_AT_ONCE),
             shutdown: CancellationToken::new(),
             started_at: Utc::now(),
             disk_bytes: crate::fsx::filesystem_capacity(&paths_root).unwrap_or(0),
@@ -524,6 +531,8 @@ impl<R: Runtime> Node<R> {
     fn destroy_later(&self, instance: Instance<R::Handle>, why: &'static str) {
         let node = self.clone();
         self.inner.tasks.spawn(async move {
+            // Never closed, so a turn always comes.
+            let _turn = node.inner.destroys.acquire().await;
             let started = Instant::now();
             let mut retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
             loop {

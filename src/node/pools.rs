@@ -11,7 +11,10 @@ use crate::templates::Template;
 
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// How long the claims must pause before boots start competing with them for the cores.
 const REFILL_SETTLE: Duration = Duration::from_millis(20);
+/// The longest a burst of claims holds the refill back, while every pool keeps half its target.
+const REFILL_HOLD: Duration = Duration::from_millis(500);
 
 impl<R: Runtime> Node<R> {
     /// Picks the pools to top up now, reserving a slot for each boot.
@@ -79,6 +82,29 @@ impl<R: Runtime> Node<R> {
         }
     }
 
+    /// Lets a burst of claims finish before boots compete with it for the cores: each claim
+    /// pushes the refill back by `REFILL_SETTLE`, for up to `REFILL_HOLD`, as long as every
+    /// pool still holds half its target; a pool below that is refilled at once, since its
+    /// next claims would boot cold.
+    async fn hold_refill(&self) {
+        let until = tokio::time::Instant::now() + REFILL_HOLD;
+        loop {
+            let quiet =
+                tokio::time::timeout(REFILL_SETTLE, self.inner.wake_refill.notified()).await;
+            if quiet.is_err() || tokio::time::Instant::now() >= until || self.a_pool_is_low() {
+                return;
+            }
+        }
+    }
+
+    /// Whether a pool holds (warm or booting) less than half its target.
+    fn a_pool_is_low(&self) -> bool {
+        self.state()
+            .pools
+            .values()
+            .any(|p| (p.warm.len() as u32 + p.booting) * 2 < p.target)
+    }
+
     pub(super) async fn refill_loop(self) {
         let mut boots: JoinSet<(PoolKey, Result<Instance<R::Handle>>)> = JoinSet::new();
         loop {
@@ -95,10 +121,7 @@ impl<R: Runtime> Node<R> {
                         self.refilled(key, booted);
                     }
                 }
-                _ = self.inner.wake_refill.notified() => {
-                    // Let a burst of claims finish before boots compete with it for CPU.
-                    tokio::time::sleep(REFILL_SETTLE).await;
-                }
+                _ = self.inner.wake_refill.notified() => self.hold_refill().await,
                 _ = tokio::time::sleep(IDLE_CHECK) => {}
                 _ = self.inner.shutdown.cancelled() => break,
             }

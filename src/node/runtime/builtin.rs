@@ -105,6 +105,16 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::internal(format!("runtime task failed: {e}")))?
 }
 
+/// Runs `f`, blocking work that borrows from the caller (files, cgroups, a fork), without
+/// holding up the async tasks queued on this worker thread: on a multi-threaded runtime they
+/// move to another thread meanwhile, so a claim is never queued behind a refill's boot.
+pub(super) fn in_place<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Puts `egress` in force in the network namespace `netns` with the rules for `hook`.
 pub(super) async fn enforce_egress(
     nft: Option<&Path>,
@@ -337,13 +347,18 @@ impl BuiltinRuntime {
             .stdout(Stdio::piped())
             // The sandbox's log: the supervisor's, init's and envd's lines.
             .stderr(Stdio::piped());
-        let procs = Cgroups::start_in(&mut cmd, cg, Some((self.reaper.lifeline(), LIFELINE_FD)))
-            .map_err(io_err("opening the instance cgroups"))?;
-        let mut child = cmd.spawn().map_err(io_err(format!(
-            "starting the supervisor {}",
-            self.cfg.agent.program.display()
-        )))?;
-        drop(procs);
+        // The spawn forks this whole process: in place, like the preparation.
+        let mut child = in_place(|| {
+            let procs =
+                Cgroups::start_in(&mut cmd, cg, Some((self.reaper.lifeline(), LIFELINE_FD)))
+                    .map_err(io_err("opening the instance cgroups"))?;
+            let child = cmd.spawn().map_err(io_err(format!(
+                "starting the supervisor {}",
+                self.cfg.agent.program.display()
+            )));
+            drop(procs);
+            child
+        })?;
         if let Some(stderr) = child.stderr.take() {
             let echo = std::env::var_os("SANDBOX_GATEWAY_AGENT_STDERR").is_some();
             logs.collect(stderr, echo);
@@ -401,7 +416,7 @@ impl Runtime for BuiltinRuntime {
 
     async fn boot(&self, spec: BootSpec<'_>) -> Result<Instance<BuiltinHandle>> {
         let init_token = ids::random_hex(24);
-        let cg = match self.prepare(&spec, &init_token) {
+        let cg = match in_place(|| self.prepare(&spec, &init_token)) {
             Ok(cg) => cg,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(spec.dir);
