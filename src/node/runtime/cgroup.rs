@@ -58,6 +58,9 @@ pub struct Limits {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Measured {
     pub memory_bytes: Option<u64>,
+    /// Memory the kernel cannot drop to make room: in use less all page cache (what is left
+    /// is anonymous and shared memory, which is all of a gVisor sandbox's own).
+    pub unreclaimable_bytes: Option<u64>,
     pub cpu_ns: Option<u64>,
     pub pids: Option<u32>,
     pub oom_kills: Option<u64>,
@@ -434,16 +437,17 @@ impl Cgroups {
         for (kind, dir) in &set.dirs {
             // Memory in use, not counting page cache the kernel can drop at once (what
             // `docker stats` reports too).
-            let used = |usage: &str, inactive: &str| {
+            let used = |usage: &str, caches: &[&str]| {
                 let total = read(dir.join(usage))?.trim().parse::<u64>().ok()?;
-                let cache = read(dir.join("memory.stat"))
-                    .and_then(|s| stat_value(&s, inactive))
-                    .unwrap_or(0);
+                let stat = read(dir.join("memory.stat")).unwrap_or_default();
+                let cache: u64 = caches.iter().filter_map(|k| stat_value(&stat, k)).sum();
                 Some(total.saturating_sub(cache))
             };
             match kind {
                 Kind::V2 => {
-                    m.memory_bytes = used("memory.current", "inactive_file");
+                    m.memory_bytes = used("memory.current", &["inactive_file"]);
+                    m.unreclaimable_bytes =
+                        used("memory.current", &["inactive_file", "active_file"]);
                     if let Some(t) = read(dir.join("cpu.stat")) {
                         m.cpu_ns = stat_value(&t, "usage_usec").map(|us| us * 1000);
                     }
@@ -455,7 +459,11 @@ impl Cgroups {
                     }
                 }
                 Kind::V1Memory => {
-                    m.memory_bytes = used("memory.usage_in_bytes", "total_inactive_file");
+                    m.memory_bytes = used("memory.usage_in_bytes", &["total_inactive_file"]);
+                    m.unreclaimable_bytes = used(
+                        "memory.usage_in_bytes",
+                        &["total_inactive_file", "total_active_file"],
+                    );
                     m.oom_kills = read(dir.join("memory.oom_control"))
                         .and_then(|t| stat_value(&t, "oom_kill"));
                 }

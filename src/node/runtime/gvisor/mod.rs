@@ -105,6 +105,8 @@ struct Live {
     _guard: Option<oomguard::Guard>,
     /// The processes the guard ended.
     oom_kills: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Deleting the container a checkpoint stopped (see `delete_later`).
+    deleting: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Written beside a checkpoint image: what a restore of it needs.
@@ -376,7 +378,12 @@ impl GvisorRuntime {
         self.quiesce(&inst.dir).await?;
         std::fs::create_dir_all(image).map_err(io_err("creating the checkpoint directory"))?;
         let made = self.cfg.runsc.checkpoint(image, &container).await;
-        let _ = self.cfg.runsc.delete(&container).await;
+        if made.is_ok() {
+            self.delete_later(&inst.id, container);
+        } else {
+            // It may still run: stopped before anything else happens.
+            let _ = self.cfg.runsc.delete(&container).await;
+        }
         if let Some(l) = self.live().get_mut(&inst.id) {
             l.container = None;
             // The stopped sandbox's namespace has served its start (see `netholder`).
@@ -451,6 +458,30 @@ impl GvisorRuntime {
             return Err(e);
         }
         Ok((container, holder))
+    }
+
+    /// Deletes a container a checkpoint stopped after the caller has its answer (`runsc
+    /// delete` takes about a second here, waiting on what the stopped sandbox left): what is
+    /// left of it is runsc's state, under a name no later start reuses, and runsc leaves the
+    /// cgroups to the node (`--ignore-cgroups`), so a restore runs beside it. The sandbox's
+    /// destroy waits for it, so nothing is left behind.
+    fn delete_later(&self, id: &str, container: String) {
+        let runsc = self.cfg.runsc.clone();
+        let mut live = self.live();
+        let Some(l) = live.get_mut(id) else {
+            drop(live);
+            tokio::spawn(async move {
+                let _ = runsc.delete(&container).await;
+            });
+            return;
+        };
+        let before = l.deleting.take();
+        l.deleting = Some(tokio::spawn(async move {
+            if let Some(b) = before {
+                let _ = b.await;
+            }
+            let _ = runsc.delete(&container).await;
+        }));
     }
 
     /// Restores `image` into the (stopped) sandbox `inst` and records the new container.
@@ -834,6 +865,7 @@ impl Runtime for GvisorRuntime {
                 egress: spec.egress.cloned(),
                 _guard: guard,
                 oom_kills,
+                deleting: None,
             },
         );
         let inst = Instance {
@@ -863,8 +895,13 @@ impl Runtime for GvisorRuntime {
     async fn destroy(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
         let live = self.live().remove(&inst.id);
         self.proxies.forget_instance(&inst.id);
-        if let Some(c) = live.and_then(|l| l.container) {
-            let _ = self.cfg.runsc.delete(&c).await;
+        if let Some(mut l) = live {
+            if let Some(pending) = l.deleting.take() {
+                let _ = pending.await;
+            }
+            if let Some(c) = l.container {
+                let _ = self.cfg.runsc.delete(&c).await;
+            }
         }
         let cgroups = self.cgroups.clone();
         let cg = inst.handle.cgroup.clone();

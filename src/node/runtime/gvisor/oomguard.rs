@@ -116,7 +116,9 @@ pub fn start(
                 }
                 Wake::Poll => tokio::time::sleep(POLL).await,
             }
-            let used = Cgroups::measure(&cg).memory_bytes.unwrap_or(0);
+            // Page cache (the template's files the gofer reads, a checkpoint image being
+            // written or read back) is dropped by the kernel before it would act: not counted.
+            let used = Cgroups::measure(&cg).unreclaimable_bytes.unwrap_or(0);
             if used <= at {
                 continue;
             }

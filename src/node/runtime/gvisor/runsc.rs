@@ -29,6 +29,10 @@ pub struct Runsc {
     /// Whether this build checkpoints TCP sockets an epoll instance watches (Node.js and
     /// asyncio servers); older ones fail, and the failed checkpoint ends the sandbox.
     pub saves_watched_sockets: bool,
+    /// Whether `checkpoint` takes `--compression` (newer builds, which compress by default):
+    /// images are written uncompressed, since compressing is most of a pause's cost per MiB
+    /// here (see PERFORMANCE.md) and the checkpoint budget bounds their size.
+    pub chooses_compression: bool,
 }
 
 /// The build date in `runsc version 0.0~20221219.0` or `runsc version release-20240801.0`.
@@ -103,7 +107,15 @@ impl Runsc {
                 String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
             })
             .unwrap_or_default();
+        let checkpoint_flags = std::process::Command::new(&path)
+            .args(["checkpoint", "--help"])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+            })
+            .unwrap_or_default();
         Ok(Some(Runsc {
+            chooses_compression: checkpoint_flags.contains("-compression"),
             saves_connections: flags.contains("-net-disconnect-ok"),
             saves_watched_sockets: date.is_some_and(|d| d >= SAVES_WATCHED_SOCKETS_SINCE),
             platform: pick_platform(platform, date).to_string(),
@@ -157,6 +169,7 @@ impl Runsc {
         network: bool,
         mounts: Option<&ChildMounts>,
     ) -> Result<()> {
+        let started = std::time::Instant::now();
         let err_path = self.root.join(format!(
             "{what}-{}.stderr",
             crate::model::ids::random_hex(6)
@@ -209,6 +222,11 @@ impl Runsc {
             }
             return Err(Error::internal(format!("runsc {what} failed: {last}")));
         }
+        tracing::debug!(
+            what,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "runsc answered"
+        );
         Ok(())
     }
 
@@ -259,12 +277,12 @@ impl Runsc {
 
     /// Writes the container's state (memory, processes, files) to `image`; the container stops.
     pub async fn checkpoint(&self, image: &Path, id: &str) -> Result<()> {
-        let args: Vec<OsString> = vec![
-            "checkpoint".into(),
-            "--image-path".into(),
-            image.into(),
-            id.into(),
-        ];
+        let mut args: Vec<OsString> =
+            vec!["checkpoint".into(), "--image-path".into(), image.into()];
+        if self.chooses_compression {
+            args.extend(["--compression".into(), "none".into()]);
+        }
+        args.push(id.into());
         self.call("checkpoint", &args, None).await
     }
 
