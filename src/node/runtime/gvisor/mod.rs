@@ -379,6 +379,10 @@ impl GvisorRuntime {
         std::fs::create_dir_all(image).map_err(io_err("creating the checkpoint directory"))?;
         let made = self.cfg.runsc.checkpoint(image, &container).await;
         if made.is_ok() {
+            // The stopped Sentry lingers, holding the sandbox's memory, until runsc deletes
+            // the container: it is ended now, so a pause has freed the memory when it
+            // answers, and the rest of the delete happens after.
+            Self::end_sentries(&inst.handle.cgroup).await;
             self.delete_later(&inst.id, container);
         } else {
             // It may still run: stopped before anything else happens.
@@ -460,9 +464,31 @@ impl GvisorRuntime {
         Ok((container, holder))
     }
 
+    /// Kills the Sentry processes in `cg` and waits (up to a second) until they are gone.
+    async fn end_sentries(cg: &CgroupSet) {
+        let sentries = || {
+            Cgroups::pids(cg)
+                .into_iter()
+                .filter(|&p| is_sentry(p))
+                .collect::<Vec<_>>()
+        };
+        for pid in sentries() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        for _ in 0..100 {
+            if sentries().is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Deletes a container a checkpoint stopped after the caller has its answer (`runsc
-    /// delete` takes about a second here, waiting on what the stopped sandbox left): what is
-    /// left of it is runsc's state, under a name no later start reuses, and runsc leaves the
+    /// delete` takes about a second here, waiting on what the stopped sandbox left): once its
+    /// Sentry is ended what is left of it is runsc's state, under a name no later start reuses, and runsc leaves the
     /// cgroups to the node (`--ignore-cgroups`), so a restore runs beside it. The sandbox's
     /// destroy waits for it, so nothing is left behind.
     fn delete_later(&self, id: &str, container: String) {
