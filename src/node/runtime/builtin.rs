@@ -108,7 +108,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 /// Runs `f`, blocking work that borrows from the caller (files, cgroups, a fork), without
 /// holding up the async tasks queued on this worker thread: on a multi-threaded runtime they
 /// move to another thread meanwhile, so a claim is never queued behind a refill's boot.
-pub(super) fn in_place<T>(f: impl FnOnce() -> T) -> T {
+fn in_place<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),

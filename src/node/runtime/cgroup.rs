@@ -425,29 +425,23 @@ impl Cgroups {
         }
     }
 
+    /// What `measure` calls `unreclaimable_bytes`, read alone (the gVisor memory guard looks
+    /// at it every 100 ms).
+    pub fn unreclaimable(set: &CgroupSet) -> Option<u64> {
+        // A hybrid host has a v2 directory without the memory controller beside the v1 one.
+        set.dirs
+            .iter()
+            .filter(|(k, _)| matches!(k, Kind::V2 | Kind::V1Memory))
+            .find_map(|(k, d)| memory_in(*k, d).1)
+    }
+
     pub fn measure(set: &CgroupSet) -> Measured {
         let mut m = Measured::default();
         let read = |p: PathBuf| fs::read_to_string(p).ok();
-        let stat_value = |text: &str, key: &str| {
-            text.lines().find_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
-            })
-        };
         for (kind, dir) in &set.dirs {
-            // Memory in use, not counting page cache the kernel can drop at once (what
-            // `docker stats` reports too).
-            let used = |usage: &str, caches: &[&str]| {
-                let total = read(dir.join(usage))?.trim().parse::<u64>().ok()?;
-                let stat = read(dir.join("memory.stat")).unwrap_or_default();
-                let cache: u64 = caches.iter().filter_map(|k| stat_value(&stat, k)).sum();
-                Some(total.saturating_sub(cache))
-            };
             match kind {
                 Kind::V2 => {
-                    m.memory_bytes = used("memory.current", &["inactive_file"]);
-                    m.unreclaimable_bytes =
-                        used("memory.current", &["inactive_file", "active_file"]);
+                    (m.memory_bytes, m.unreclaimable_bytes) = memory_in(*kind, dir);
                     if let Some(t) = read(dir.join("cpu.stat")) {
                         m.cpu_ns = stat_value(&t, "usage_usec").map(|us| us * 1000);
                     }
@@ -459,11 +453,7 @@ impl Cgroups {
                     }
                 }
                 Kind::V1Memory => {
-                    m.memory_bytes = used("memory.usage_in_bytes", &["total_inactive_file"]);
-                    m.unreclaimable_bytes = used(
-                        "memory.usage_in_bytes",
-                        &["total_inactive_file", "total_active_file"],
-                    );
+                    (m.memory_bytes, m.unreclaimable_bytes) = memory_in(*kind, dir);
                     m.oom_kills = read(dir.join("memory.oom_control"))
                         .and_then(|t| stat_value(&t, "oom_kill"));
                 }
@@ -509,5 +499,76 @@ impl Cgroups {
         for h in &self.hierarchies {
             let _ = fs::remove_dir(&h.parent);
         }
+    }
+}
+
+/// The value of `key` in a cgroup stat file (`key value` lines).
+fn stat_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
+    })
+}
+
+/// The memory in use of the cgroup `dir`: less the page cache the kernel can drop at once
+/// (what `docker stats` reports too), and less all page cache (`unreclaimable_bytes`). Each
+/// file is read once.
+fn memory_in(kind: Kind, dir: &Path) -> (Option<u64>, Option<u64>) {
+    let (usage, inactive, active) = match kind {
+        Kind::V2 => ("memory.current", "inactive_file", "active_file"),
+        _ => (
+            "memory.usage_in_bytes",
+            "total_inactive_file",
+            "total_active_file",
+        ),
+    };
+    let Some(total) = fs::read_to_string(dir.join(usage))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    else {
+        return (None, None);
+    };
+    let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+    let inactive = stat_value(&stat, inactive).unwrap_or(0);
+    let active = stat_value(&stat, active).unwrap_or(0);
+    (
+        Some(total.saturating_sub(inactive)),
+        Some(total.saturating_sub(inactive + active)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_in_use_leaves_out_page_cache_as_each_version_names_it() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("memory.usage_in_bytes"), "1000\n").unwrap();
+        fs::write(d.path().join("memory.current"), "2000\n").unwrap();
+        fs::write(
+            d.path().join("memory.stat"),
+            "cache 300\ntotal_inactive_file 100\ntotal_active_file 200\ninactive_file 400\nactive_file 500\n",
+        )
+        .unwrap();
+        assert_eq!(memory_in(Kind::V1Memory, d.path()), (Some(900), Some(700)));
+        assert_eq!(memory_in(Kind::V2, d.path()), (Some(1600), Some(1100)));
+        fs::remove_file(d.path().join("memory.current")).unwrap();
+        assert_eq!(memory_in(Kind::V2, d.path()), (None, None));
+    }
+
+    #[test]
+    fn unreclaimable_memory_is_read_from_whichever_hierarchy_has_the_controller() {
+        let (v2, v1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        fs::write(v1.path().join("memory.usage_in_bytes"), "1000\n").unwrap();
+        fs::write(v1.path().join("memory.stat"), "total_active_file 200\n").unwrap();
+        // A hybrid host: the v2 directory comes first and has no memory files.
+        let set = CgroupSet {
+            dirs: vec![
+                (Kind::V2, v2.path().to_path_buf()),
+                (Kind::V1Memory, v1.path().to_path_buf()),
+            ],
+        };
+        assert_eq!(Cgroups::unreclaimable(&set), Some(800));
     }
 }

@@ -487,27 +487,23 @@ impl GvisorRuntime {
     }
 
     /// Deletes a container a checkpoint stopped after the caller has its answer (`runsc
-    /// delete` takes about a second here, waiting on what the stopped sandbox left): once its
-    /// Sentry is ended what is left of it is runsc's state, under a name no later start reuses, and runsc leaves the
-    /// cgroups to the node (`--ignore-cgroups`), so a restore runs beside it. The sandbox's
-    /// destroy waits for it, so nothing is left behind.
+    /// delete` takes about a second here, waiting on what the stopped sandbox left): once
+    /// its Sentry is ended, what is left is runsc's state under a name no later start
+    /// reuses, and runsc leaves the cgroups to the node (`--ignore-cgroups`), so a restore
+    /// runs beside it. The sandbox's destroy waits for it, so nothing is left behind.
     fn delete_later(&self, id: &str, container: String) {
         let runsc = self.cfg.runsc.clone();
         let mut live = self.live();
-        let Some(l) = live.get_mut(id) else {
-            drop(live);
-            tokio::spawn(async move {
-                let _ = runsc.delete(&container).await;
-            });
-            return;
-        };
-        let before = l.deleting.take();
-        l.deleting = Some(tokio::spawn(async move {
+        let before = live.get_mut(id).and_then(|l| l.deleting.take());
+        let task = tokio::spawn(async move {
             if let Some(b) = before {
                 let _ = b.await;
             }
             let _ = runsc.delete(&container).await;
-        }));
+        });
+        if let Some(l) = live.get_mut(id) {
+            l.deleting = Some(task);
+        }
     }
 
     /// Restores `image` into the (stopped) sandbox `inst` and records the new container.

@@ -118,7 +118,7 @@ pub fn start(
             }
             // Page cache (the template's files the gofer reads, a checkpoint image being
             // written or read back) is dropped by the kernel before it would act: not counted.
-            let used = Cgroups::measure(&cg).unreclaimable_bytes.unwrap_or(0);
+            let used = Cgroups::unreclaimable(&cg).unwrap_or(0);
             if used <= at {
                 continue;
             }

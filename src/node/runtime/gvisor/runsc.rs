@@ -70,6 +70,17 @@ pub fn version_on_path() -> Option<String> {
     Some(text.lines().next()?.trim().to_string())
 }
 
+/// What `runsc ARGS` prints on both of its outputs (empty when it cannot run).
+fn help_text(path: &Path, args: &[&str]) -> String {
+    std::process::Command::new(path)
+        .args(args)
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+        })
+        .unwrap_or_default()
+}
+
 fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin".into());
     std::env::split_paths(&path)
@@ -99,21 +110,9 @@ impl Runsc {
         let version = text.lines().next().unwrap_or_default().trim().to_string();
         std::fs::create_dir_all(&root).map_err(|e| Error::io("creating the runsc root", e))?;
         let date = build_date(&version);
-        // Flags a build knows are in its `flags` listing (older builds lack the newer ones).
-        let flags = std::process::Command::new(&path)
-            .arg("flags")
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
-            })
-            .unwrap_or_default();
-        let checkpoint_flags = std::process::Command::new(&path)
-            .args(["checkpoint", "--help"])
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
-            })
-            .unwrap_or_default();
+        // Flags a build knows are in its listings (older builds lack the newer ones).
+        let flags = help_text(&path, &["flags"]);
+        let checkpoint_flags = help_text(&path, &["checkpoint", "--help"]);
         Ok(Some(Runsc {
             chooses_compression: checkpoint_flags.contains("-compression"),
             saves_connections: flags.contains("-net-disconnect-ok"),
