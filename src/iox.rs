@@ -1,5 +1,6 @@
 //! Byte-stream helpers the gateway and the node share.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -53,5 +54,100 @@ impl AsyncWrite for Prefixed {
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A stream that ends when `closed` is cancelled: reads see the end, writes a broken pipe.
+/// It gives an in-process tunnel the cut a node's data plane makes when it drops a tunnel
+/// (the sandbox paused, killed or gone).
+pub struct Closable<S> {
+    inner: S,
+    closed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<S> Closable<S> {
+    pub fn new(inner: S, closed: tokio_util::sync::CancellationToken) -> Closable<S> {
+        Closable {
+            inner,
+            closed: Box::pin(closed.cancelled_owned()),
+        }
+    }
+
+    fn is_closed(&mut self, cx: &mut Context<'_>) -> bool {
+        self.closed.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Closable<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.is_closed(cx) {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Closable<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.is_closed(cx) {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, b)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if self.is_closed(cx) {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_closable_stream_ends_when_cancelled() {
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let token = tokio_util::sync::CancellationToken::new();
+        let mut s = Closable::new(ours, token.clone());
+        s.write_all(b"hi").await.unwrap();
+        let mut got = [0u8; 2];
+        theirs.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hi");
+        // A read waiting for bytes that never come ends when the tunnel is cut.
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 8];
+            let n = s.read(&mut buf).await.unwrap();
+            (n, s)
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        token.cancel();
+        let (n, mut s) = reader.await.unwrap();
+        assert_eq!(n, 0, "the end of the stream");
+        let e = s.write_all(b"x").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
     }
 }

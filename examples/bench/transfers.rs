@@ -232,8 +232,8 @@ pub fn render(o: &mut String, t: &Transfers) {
          that does not compress, streamed in 1 MiB chunks, with its length), downloads \
          `GET /files?path=` of the file just written, read to the end and counted; both over \
          one keep-alive HTTP/1.1 connection, (a) through the gateway (`E2b-Sandbox-Id` \
-         headers and the envdAccessToken; the gateway streams to the node's data plane, which \
-         dials into the sandbox) and (b) directly to the agent (a socket in the sandbox's \
+         headers and the envdAccessToken; the gateway asks its embedded node for a tunnel by a \
+         call, the node dials into the sandbox, and the gateway streams over it) and (b) directly to the agent (a socket in the sandbox's \
          network namespace). The raw copy is the same bytes written to one loopback TCP socket \
          and read from its peer, both in the bench. Median of {} runs after one uncounted run \
          each; throughput is size / time from sending the request to the end of the answer.\n",

@@ -17,7 +17,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::auth::{FileAuth, Operation, check_file_access};
@@ -25,6 +24,7 @@ use super::creds::{Identity, check_can_act_as, run_as};
 use super::encoding::{Encoding, accept_encoding, content_type_for};
 use super::entry::{metadata_from_headers, read_metadata, validate_metadata, write_metadata};
 use super::errors::HttpError;
+use super::fileio::{FileSink, READ_BLOCK, file_stream};
 use super::http::header_token;
 use super::paths::resolve;
 use super::state::Envd;
@@ -165,7 +165,7 @@ pub async fn download(State(envd): State<Arc<Envd>>, req: Request) -> Result<Res
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let file = tokio::fs::File::from_std(file);
+    let data = file_stream(file, READ_BLOCK);
     let mut res = Response::builder()
         .status(StatusCode::OK)
         .header(header::VARY, "Accept-Encoding")
@@ -176,12 +176,12 @@ pub async fn download(State(envd): State<Arc<Envd>>, req: Request) -> Result<Res
     let body = match enc.encoding {
         Encoding::Gzip => {
             res = res.header(header::CONTENT_ENCODING, "gzip");
-            let gz = GzipEncoder::new(tokio::io::BufReader::with_capacity(64 * 1024, file));
+            let gz = GzipEncoder::new(StreamReader::new(data));
             Body::from_stream(ReaderStream::with_capacity(gz, 64 * 1024))
         }
         Encoding::Identity => {
             res = res.header(header::CONTENT_LENGTH, len);
-            Body::from_stream(ReaderStream::with_capacity(file, 64 * 1024))
+            Body::from_stream(data)
         }
     };
     res.body(body)
@@ -314,28 +314,33 @@ where
     let existed = std::fs::symlink_metadata(&path).is_ok();
     let owner = Some((id.uid, id.gid));
     let file = run_as(id.clone(), move || open_for_upload(&target, owner)).await??;
-    let mut f = tokio::fs::File::from_std(file);
-    let written = async {
+    let mut sink = FileSink::new(file);
+    let streamed = async {
         if let Some(chunk) = first {
-            f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+            sink.write(chunk).await.map_err(|e| write_error(&e))?;
             // Only a stream that has not ended is polled again: the idle-limited body is an
             // `unfold`, which panics when polled after its end (an empty upload did that).
             while let Some(chunk) = data.next().await {
                 let chunk = chunk.map_err(Into::into)?;
-                f.write_all(&chunk).await.map_err(|e| write_error(&e))?;
+                sink.write(chunk).await.map_err(|e| write_error(&e))?;
             }
         }
-        f.flush().await.map_err(|e| write_error(&e))
+        Ok::<_, HttpError>(())
     }
     .await;
-    if let Err(e) = written {
-        // A file this upload created and could not finish is not left half-written.
-        if !existed {
-            let _ = std::fs::remove_file(&path);
+    // The writer finishes what it was given either way, so that a failed upload's file is not
+    // removed under it.
+    let finished = sink.finish().await.map_err(|e| write_error(&e));
+    let std_file = match streamed.and(finished) {
+        Ok(f) => f,
+        Err(e) => {
+            // A file this upload created and could not finish is not left half-written.
+            if !existed {
+                let _ = std::fs::remove_file(&path);
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
-    let std_file = f.into_std().await;
+    };
     let md = metadata.clone();
     run_as(id.clone(), move || write_metadata(&std_file, &md))
         .await?

@@ -9,6 +9,7 @@ mod drain;
 pub mod encoding;
 pub mod entry;
 pub mod errors;
+pub mod fileio;
 pub mod files;
 pub mod fs;
 pub mod http;

@@ -1,6 +1,7 @@
 //! `sandbox-gateway serve`: the gateway process. It starts an embedded node when no node
 //! address is given, connects the dispatcher to the nodes, and serves the e2b surface.
 
+mod embedded;
 pub mod observe;
 pub mod stalled;
 
@@ -394,6 +395,16 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         secrets,
         volumes: Some(volumes),
     });
+    if let Some(n) = &embedded {
+        state.proxy.set_local_node(
+            n.data_address.to_string(),
+            Arc::new(embedded::EmbeddedTunnels {
+                node: n.node().clone(),
+                token: token.clone(),
+                runtime: tokio::runtime::Handle::current(),
+            }),
+        );
+    }
     let metrics_data = web::Data::new(metrics.clone());
     let server = HttpServer::new(move || {
         App::new()

@@ -80,7 +80,8 @@ pub fn parse_head(buf: &[u8]) -> Option<std::result::Result<ConnectHead, String>
     }))
 }
 
-fn status_line(kind: ErrorKind) -> (u16, &'static str) {
+/// The status (and reason phrase) a refused tunnel is answered with.
+pub fn status_line(kind: ErrorKind) -> (u16, &'static str) {
     match kind {
         ErrorKind::Unauthenticated => (401, "Unauthorized"),
         ErrorKind::Forbidden => (403, "Forbidden"),
@@ -104,6 +105,9 @@ fn refusal(err: &Error) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A sandbox a tunnel may be dialled into (see `Node::admit_tunnel`).
+pub struct Admitted<H>(super::runtime::Instance<H>);
+
 /// Port errors come back as Bad Gateway with a machine-readable reason, so that the gateway
 /// can tell "not listening" from "not there".
 pub const PORT_CLOSED: &str = "port is not open";
@@ -117,6 +121,36 @@ impl<R: Runtime> Node<R> {
         bearer: Option<&str>,
         fleet_token: &str,
     ) -> Result<(super::runtime::Conn, tokio_util::sync::CancellationToken)> {
+        let (admitted, closed) = self
+            .admit_tunnel(sandbox, port, bearer, fleet_token)
+            .await?;
+        Ok((self.dial_admitted(&admitted, port).await?, closed))
+    }
+
+    /// Connects to `port` inside a sandbox `admit_tunnel` let in. The socket belongs to the
+    /// calling runtime, so it is dialled where it will be used.
+    pub async fn dial_admitted(
+        &self,
+        admitted: &Admitted<R::Handle>,
+        port: u16,
+    ) -> Result<super::runtime::Conn> {
+        self.inner
+            .runtime
+            .dial(&admitted.0, port)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("{PORT_CLOSED}: {}", e.message)))
+    }
+
+    /// Checks the credential and the sandbox (waking it if it auto-resumes, and waiting until
+    /// its agent has taken its identity): what a tunnel to `port` inside it needs before the
+    /// dial. Answers the sandbox and the token cancelled when its tunnels must close.
+    pub async fn admit_tunnel(
+        &self,
+        sandbox: &str,
+        port: u16,
+        bearer: Option<&str>,
+        fleet_token: &str,
+    ) -> Result<(Admitted<R::Handle>, tokio_util::sync::CancellationToken)> {
         let id = ids::canonical_claim_id(sandbox)
             .ok_or_else(|| Error::not_found(format!("{sandbox:?} is not a sandbox id")))?;
         let bearer = bearer
@@ -163,10 +197,7 @@ impl<R: Runtime> Node<R> {
             closed
         };
         self.wait_ready(&id, READY_TIMEOUT).await?;
-        let stream = self.inner.runtime.dial(&inst, port).await.map_err(|e| {
-            Error::new(ErrorKind::Internal, format!("{PORT_CLOSED}: {}", e.message))
-        })?;
-        Ok((stream, closed))
+        Ok((Admitted(inst), closed))
     }
 
     async fn tunnel(&self, mut client: TcpStream, fleet_token: &str) {

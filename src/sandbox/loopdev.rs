@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
+const LO_FLAGS_DIRECT_IO: u32 = 16;
 const LO_NAME_SIZE: usize = 64;
 const LO_KEY_SIZE: usize = 32;
 
@@ -83,19 +84,35 @@ pub fn attach(image: &Path) -> io::Result<LoopDevice> {
         // SAFETY: an all-zero loop_config is valid; the fields that matter are set below.
         let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
         cfg.fd = backing.as_raw_fd() as u32;
-        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-        // SAFETY: LOOP_CONFIGURE reads one loop_config from the pointer we pass.
-        let rc = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) };
-        if rc == 0 {
-            return Ok(LoopDevice { path, _dev: dev });
+        // Direct I/O to the image: the disk's pages are cached once (in the file system on
+        // the device), not a second time in the image's own page cache, which doubled the
+        // memory a write costs and the copying its writeback does.
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+        let mut err = configure(&dev, &cfg);
+        if err
+            .as_ref()
+            .is_some_and(|e| e.raw_os_error() == Some(libc::EINVAL))
+        {
+            // The image's file system does not take direct I/O: buffered, then.
+            cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+            err = configure(&dev, &cfg);
         }
-        let err = io::Error::last_os_error();
+        let Some(err) = err else {
+            return Ok(LoopDevice { path, _dev: dev });
+        };
         if err.raw_os_error() != Some(libc::EBUSY) {
             return Err(err);
         }
         last = err;
     }
     Err(last)
+}
+
+/// Configures `dev` with `cfg`; None when it took.
+fn configure(dev: &File, cfg: &LoopConfig) -> Option<io::Error> {
+    // SAFETY: LOOP_CONFIGURE reads one loop_config from the pointer we pass.
+    let rc = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, cfg as *const LoopConfig) };
+    (rc != 0).then(io::Error::last_os_error)
 }
 
 const ATTEMPTS: u32 = 64;

@@ -127,7 +127,12 @@ fn attach_disk(spec: &BootSpec) -> io::Result<()> {
         layout::DISK_MOUNT,
         Some("ext4"),
         MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
-        None::<&str>,
+        // Without `noauto_da_alloc`, closing a file that was truncated and rewritten (every
+        // upload over an existing file) starts its whole writeback in the closing call: the
+        // upload then answered only after queueing its file's blocks. The disk is the
+        // sandbox's scratch space, gone with the sandbox; programs that want their data on
+        // the disk call fsync, as on any ext4.
+        Some("noauto_da_alloc"),
     )
     .map_err(nix_ctx("mounting the disk"))?;
     drop(dev);

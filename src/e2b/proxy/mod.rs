@@ -7,7 +7,7 @@
 
 mod credentials;
 mod target;
-mod tunnel;
+pub mod tunnel;
 
 use std::io;
 use std::sync::Arc;
@@ -183,6 +183,12 @@ const PORT_CLOSED: &str = "The sandbox is running but port is not open";
 const BROKEN: &str = "The connection to the sandbox's node broke";
 
 impl Proxy {
+    /// Tunnels to the node at data-plane `address` open by calls into `node`, which runs in
+    /// this process.
+    pub fn set_local_node(&self, address: String, node: Arc<dyn tunnel::LocalNode>) {
+        self.tunnels.set_local(address, node);
+    }
+
     async fn route(&self, e2b: &E2b, sandbox: &str) -> Result<Route, crate::model::Error> {
         if let Some(r) = self.routes.get(sandbox) {
             return Ok(r);

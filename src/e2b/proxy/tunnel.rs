@@ -124,6 +124,20 @@ pub async fn open(
     })
 }
 
+/// A node in this very process (the gateway's embedded node): its tunnels open by a call,
+/// and the bytes go straight to the sandbox instead of through a loopback hop to the node's
+/// data plane and the node's copy of them.
+pub trait LocalNode: Send + Sync {
+    /// The tunnel the node's data plane would give for `CONNECT sandbox:port` with `bearer`,
+    /// or its refusal (the status and message the data plane would answer).
+    fn open<'a>(
+        &'a self,
+        sandbox: &'a str,
+        port: u16,
+        bearer: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<crate::node::runtime::Conn, TunnelError>>;
+}
+
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
     node: String,
@@ -137,6 +151,8 @@ pub struct Tunnels {
     idle: Mutex<HashMap<Key, Vec<SendRequest<ProxyBody>>>>,
     /// Connections given back since the last sweep.
     returned: std::sync::atomic::AtomicUsize,
+    /// The node that runs in this process, by its data-plane address.
+    local: std::sync::OnceLock<(String, std::sync::Arc<dyn LocalNode>)>,
 }
 
 /// Every this many returned connections, targets whose connections have all closed (their
@@ -200,14 +216,24 @@ impl Tunnels {
         idle.retain(|k, _| k.sandbox != sandbox);
     }
 
+    /// Reaches the node whose data plane is at `address` by calls instead (set once, by the
+    /// process that runs it).
+    pub fn set_local(&self, address: String, node: std::sync::Arc<dyn LocalNode>) {
+        let _ = self.local.set((address, node));
+    }
+
     async fn connect(
+        &self,
         node: &str,
         sandbox: &str,
         port: u16,
         bearer: &str,
         upgrades: bool,
     ) -> Result<SendRequest<ProxyBody>, TunnelError> {
-        let stream = open(node, sandbox, port, bearer).await?;
+        let stream: crate::node::runtime::Conn = match self.local.get() {
+            Some((address, local)) if address == node => local.open(sandbox, port, bearer).await?,
+            _ => Box::new(open(node, sandbox, port, bearer).await?),
+        };
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -259,7 +285,7 @@ impl Tunnels {
                 },
             }
         }
-        let mut sender = Self::connect(node, sandbox, port, bearer, upgrade).await?;
+        let mut sender = self.connect(node, sandbox, port, bearer, upgrade).await?;
         let resp = sender.send_request(req).await.map_err(broken)?;
         if !upgrade {
             self.recycle(key, sender);

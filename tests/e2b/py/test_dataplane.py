@@ -148,6 +148,37 @@ def test_a_paused_sandbox_is_not_running_until_connected():
         s.kill()
 
 
+def test_pausing_ends_the_streams_into_the_sandbox():
+    # A frozen sandbox answers nothing, so its node cuts the connections into it at the pause
+    # (the gateway's own tunnels to its embedded node included): a client following a command
+    # sees the stream end at once instead of waiting on it for good.
+    s = Sandbox.create(timeout=300)
+    try:
+        h = s.commands.run("sleep 600", background=True)
+        assert s.commands.run("echo ready").stdout == "ready\n"
+        ended: list[BaseException | None] = []
+
+        def follow():
+            try:
+                h.wait()
+                ended.append(None)
+            except BaseException as e:  # the stream's end, as the SDK reports it
+                ended.append(e)
+
+        t = threading.Thread(target=follow, daemon=True)
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive(), "the command is still running"
+        t0 = time.time()
+        assert s.pause() in (True, None)
+        t.join(15)
+        assert not t.is_alive(), "the stream into the paused sandbox was left open"
+        assert time.time() - t0 < 15
+        assert ended and ended[0] is not None, "a cut stream is an error, not an exit"
+    finally:
+        s.kill()
+
+
 def test_a_server_inside_is_reachable_on_its_port(sbx):
     sbx.files.write("/home/user/site/index.html", "<h1>inside</h1>")
     sbx.commands.run("cd /home/user/site && python3 -m http.server 8000 >/dev/null 2>&1", background=True)
