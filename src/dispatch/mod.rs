@@ -691,17 +691,60 @@ impl Dispatcher {
         id: &str,
         query: &model::logs::LogQuery,
     ) -> Result<Vec<model::logs::LogEntry>> {
-        let (node, record) = self.locate(namespace, id).await?;
+        let (node, record) = match self.locate(namespace, id).await {
+            Ok(found) => found,
+            // Gone, but its node may still keep its log.
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                return self.ended_logs(namespace, id, query, e).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let reply = self.logs_on(&node, &record.id, query).await?;
+        Ok(reply.entries.into_iter().map(Into::into).collect())
+    }
+
+    async fn logs_on(
+        &self,
+        node: &NodeHandle,
+        id: &str,
+        query: &model::logs::LogQuery,
+    ) -> Result<proto::LogsReply> {
         let mut c = node.conn().client();
-        let reply = node
-            .conn()
+        node.conn()
             .call(
                 "logs",
                 Effect::Read,
                 self.inner.cfg.call_timeout,
-                c.logs(proto::LogsRequest::from_query(&record.id, query)),
+                c.logs(proto::LogsRequest::from_query(id, query)),
             )
-            .await?;
-        Ok(reply.entries.into_iter().map(Into::into).collect())
+            .await
+    }
+
+    /// The log a node keeps of sandbox `id` after it ended, if one does and it is in
+    /// `namespace`; else `gone`, the error that said the sandbox is not there.
+    async fn ended_logs(
+        &self,
+        namespace: Option<&str>,
+        id: &str,
+        query: &model::logs::LogQuery,
+        gone: Error,
+    ) -> Result<Vec<model::logs::LogEntry>> {
+        let Some(id) = ids::canonical_claim_id(id) else {
+            return Err(gone);
+        };
+        let nodes = self.inner.registry.all();
+        let mut asks = futures::stream::iter(nodes.into_iter().map(|node| {
+            let id = id.clone();
+            async move { self.logs_on(&node, &id, query).await }
+        }))
+        .buffer_unordered(self.inner.cfg.fanout_concurrency.max(1));
+        while let Some(reply) = asks.next().await {
+            let Ok(reply) = reply else { continue };
+            let owner = crate::model::sandbox::split_claim_ref(&reply.claim_ref).0;
+            if namespace.is_none_or(|ns| owner == ns) {
+                return Ok(reply.entries.into_iter().map(Into::into).collect());
+            }
+        }
+        Err(gone)
     }
 }

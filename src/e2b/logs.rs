@@ -26,11 +26,34 @@ pub struct SandboxLogEntry {
     pub fields: BTreeMap<String, String>,
 }
 
-/// One line as v1's `logs` carry it.
+/// One line as v1's `logs` carry it: `line` is a JSON object, as e2b's structured logs are
+/// (`level`, `logger`, `message` and the entry's other fields), which the e2b CLI parses.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct SandboxLog {
     pub timestamp: DateTime<Utc>,
     pub line: String,
+}
+
+/// Keys a v1 line never takes from an entry's fields: the line's own, and `timestamp`, which
+/// the CLI would show in place of the entry's time.
+const LINE_KEYS: [&str; 4] = ["level", "logger", "message", "timestamp"];
+
+/// An entry as a v1 line: the e2b CLI (`e2b sandbox logs`) parses each line as a JSON object
+/// with a `level` and filters by its `logger` (here the entry's source, `node` or `agent`),
+/// and stopped at the first line in plain text.
+fn line(e: &LogEntry) -> String {
+    let mut o = serde_json::Map::new();
+    o.insert("level".into(), e.level.as_str().into());
+    if let Some(source) = e.fields.get("source") {
+        o.insert("logger".into(), source.as_str().into());
+    }
+    o.insert("message".into(), e.message.as_str().into());
+    for (k, v) in &e.fields {
+        if k != "source" && !LINE_KEYS.contains(&k.as_str()) {
+            o.insert(k.clone(), v.as_str().into());
+        }
+    }
+    serde_json::Value::Object(o).to_string()
 }
 
 /// v1's answer.
@@ -151,7 +174,7 @@ pub async fn v1(
             .iter()
             .map(|e| SandboxLog {
                 timestamp: e.at,
-                line: e.message.clone(),
+                line: line(e),
             })
             .collect(),
         log_entries: entries.iter().map(entry).collect(),
@@ -228,6 +251,37 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn v1_lines_are_json_objects_with_a_level_and_a_logger() {
+        let mut fields = BTreeMap::new();
+        fields.insert("source".to_string(), "agent".to_string());
+        fields.insert("pid".to_string(), "7".to_string());
+        fields.insert("timestamp".to_string(), "not the time".to_string());
+        let e = LogEntry {
+            at: Utc::now(),
+            level: LogLevel::Warn,
+            message: "process exited \"x\"\n".to_string(),
+            fields,
+        };
+        let v: serde_json::Value = serde_json::from_str(&line(&e)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "level": "warn",
+                "logger": "agent",
+                "message": "process exited \"x\"\n",
+                "pid": "7",
+            })
+        );
+        let bare = LogEntry {
+            fields: BTreeMap::new(),
+            ..e
+        };
+        let v: serde_json::Value = serde_json::from_str(&line(&bare)).unwrap();
+        assert_eq!(v["level"], "warn");
+        assert!(v.get("logger").is_none());
     }
 
     #[test]

@@ -144,6 +144,16 @@ impl LogRing {
         self.entries.len()
     }
 
+    /// Drops the oldest entries until what is left takes at most `bytes`.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        while self.bytes > bytes {
+            match self.entries.pop_front() {
+                Some(old) => self.bytes -= old.bytes(),
+                None => break,
+            }
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -30,6 +30,13 @@ impl Logs {
         self.push(LogEntry::new(level, message).field("source", "node"));
     }
 
+    /// Keeps only the newest entries that fit in `bytes`.
+    pub fn shrink_to(&self, bytes: usize) {
+        if let Ok(mut ring) = self.0.lock() {
+            ring.shrink_to(bytes);
+        }
+    }
+
     pub fn query(&self, q: &LogQuery) -> Vec<LogEntry> {
         self.0.lock().map(|r| r.query(q)).unwrap_or_default()
     }

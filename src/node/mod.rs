@@ -45,6 +45,12 @@ use crate::templates::{Template, TemplateStore};
 
 /// How many lost claims a node remembers and reports.
 const LOST_MEMORY: usize = 1000;
+/// The logs of sandboxes that ended stay readable (as on e2b, where `e2b sandbox logs` shows
+/// why a sandbox ended after it has): the newest this many, for this long, each cut to its
+/// newest entries within the byte budget.
+const ENDED_LOGS: usize = 128;
+const ENDED_LOGS_FOR: Duration = Duration::from_secs(15 * 60);
+const ENDED_LOG_BYTES: usize = 64 * 1024;
 /// How long a failed background destroy is retried (see `destroy_later`).
 const DESTROY_RETRY_FOR: Duration = Duration::from_secs(600);
 /// Background destroys run at most this many at once: each kills processes, unmounts and
@@ -107,6 +113,8 @@ pub(crate) struct State<H> {
     pools: BTreeMap<PoolKey, Pool<H>>,
     checkpoints: HashMap<String, CheckpointRecord>,
     lost: VecDeque<LostClaim>,
+    /// The logs of sandboxes released lately, newest first.
+    ended: VecDeque<EndedLogs>,
     /// Claims served per template: count and last time.
     usage: BTreeMap<String, (u64, DateTime<Utc>)>,
     revision: u64,
@@ -138,6 +146,36 @@ impl<H> State<H> {
         self.lost.push_front(lost);
         self.lost.truncate(LOST_MEMORY);
     }
+
+    /// Keeps the log of a sandbox that ended, with a last line saying why.
+    fn remember_ended(&mut self, record: &SandboxRecord, logs: &logs::Logs, why: &str) {
+        logs.note(model::logs::LogLevel::Info, format!("sandbox ended: {why}"));
+        logs.shrink_to(ENDED_LOG_BYTES);
+        self.ended.retain(|e| e.at.elapsed() < ENDED_LOGS_FOR);
+        self.ended.push_front(EndedLogs {
+            id: record.id.clone(),
+            claim_ref: record.claim_ref.clone(),
+            logs: logs.clone(),
+            at: Instant::now(),
+        });
+        self.ended.truncate(ENDED_LOGS);
+    }
+
+    /// The kept log of sandbox `id`, and its claim ref.
+    fn ended_logs(&self, id: &str) -> Option<(&str, &logs::Logs)> {
+        self.ended
+            .iter()
+            .find(|e| e.id == id && e.at.elapsed() < ENDED_LOGS_FOR)
+            .map(|e| (e.claim_ref.as_str(), &e.logs))
+    }
+}
+
+/// The log of a sandbox that ended (see `ENDED_LOGS`).
+struct EndedLogs {
+    id: String,
+    claim_ref: String,
+    logs: logs::Logs,
+    at: Instant,
 }
 
 pub(crate) struct Inner<R: Runtime> {
@@ -335,6 +373,7 @@ impl<R: Runtime> Node<R> {
                 pools,
                 checkpoints,
                 lost,
+                ended: VecDeque::new(),
                 usage: BTreeMap::new(),
                 revision: 0,
                 booting_for_claims: 0,

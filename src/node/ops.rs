@@ -214,6 +214,7 @@ impl<R: Runtime> Node<R> {
                 return Err(self.not_found(&st, id));
             };
             c.tunnels.cancel();
+            st.remember_ended(&c.record, &c.instance.logs, why);
             st.emit(
                 &self.inner.events,
                 InventoryChange::Deleted(c.record.clone().without_token()),
@@ -524,14 +525,19 @@ impl<R: Runtime> Node<R> {
     /// Measured use of one sandbox: CPU since the previous call (or since the claim), its
     /// memory and its disk as the runtime measures them.
     /// Entries of the sandbox's log ring.
+    /// The sandbox's log entries that `query` asks for, and its claim ref; a sandbox that
+    /// ended lately still has its log (see `ENDED_LOGS`).
     pub fn logs(
         &self,
         id: &str,
         query: &model::logs::LogQuery,
-    ) -> Result<Vec<model::logs::LogEntry>> {
+    ) -> Result<(String, Vec<model::logs::LogEntry>)> {
         let st = self.state();
-        match st.claims.get(id) {
-            Some(c) => Ok(c.instance.logs.query(query)),
+        if let Some(c) = st.claims.get(id) {
+            return Ok((c.record.claim_ref.clone(), c.instance.logs.query(query)));
+        }
+        match st.ended_logs(id) {
+            Some((claim_ref, logs)) => Ok((claim_ref.to_string(), logs.query(query))),
             None => Err(self.not_found(&st, id)),
         }
     }

@@ -227,9 +227,10 @@ impl<R: Runtime> node_server::Node for NodeService<R> {
     async fn logs(&self, req: Request<proto::LogsRequest>) -> Reply<proto::LogsReply> {
         let r = req.into_inner();
         let query = r.to_query()?;
-        let entries = self.node.logs(&r.id, &query)?;
+        let (claim_ref, entries) = self.node.logs(&r.id, &query)?;
         Ok(Response::new(proto::LogsReply {
             entries: entries.iter().map(Into::into).collect(),
+            claim_ref,
         }))
     }
 

@@ -8,7 +8,8 @@
 #                            Kubernetes client against the sandboxes facade)
 #   $E2B_SDK_DIR/py-schemathesis  venv with schemathesis==4.32.5 (tests/schema_fuzz.rs, the
 #                            schema-driven HTTP fuzzer against both OpenAPI documents)
-#   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0, @e2b/code-interpreter@2.8.0)
+#   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0, @e2b/code-interpreter@2.8.0,
+#                            @e2b/cli@2.19.0, the `e2b` command)
 # Idempotent: work already done is skipped. Quiet on success; on failure the captured output
 # of the failing step is printed.
 set -euo pipefail

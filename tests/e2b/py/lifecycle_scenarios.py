@@ -8,6 +8,7 @@ keeps paused sandboxes for PAUSED_RETENTION seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import datetime, timezone
@@ -242,7 +243,11 @@ def test_logs_show_the_lifecycle_and_each_command():
         # v1: lines and entries from `start` on.
         v1 = logs_v1.sync_detailed(sbx.sandbox_id, client=api, start=0, limit=2)
         assert v1.status_code == 200, v1.content
-        assert [l.line for l in v1.parsed.logs] == messages[:2]
+        # Each v1 line is a JSON object, as e2b's structured logs are (the CLI parses them).
+        lines = [json.loads(l.line) for l in v1.parsed.logs]
+        assert [l["message"] for l in lines] == messages[:2], lines
+        assert all(l["level"] in ("debug", "info", "warn", "error") for l in lines), lines
+        assert all(l["logger"] in ("node", "agent") for l in lines), lines
         assert len(v1.parsed.log_entries) == 2
         bad = logs_v2.sync_detailed(sbx.sandbox_id, client=api, limit=0)
         assert bad.status_code == 400, bad.content
@@ -250,9 +255,15 @@ def test_logs_show_the_lifecycle_and_each_command():
         assert logs_v2.sync_detailed(sbx.sandbox_id, client=other).status_code == 404
     finally:
         sbx.kill()
-    # A gone sandbox: not found.
-    gone = logs_v2.sync_detailed(sbx.sandbox_id, client=api)
-    assert gone.status_code == 404
+    # A killed sandbox's log stays readable for a while, as on e2b (the CLI reads it to show
+    # why a sandbox ended), ending with the line that says so; to its own team only.
+    kept = logs_v2.sync_detailed(sbx.sandbox_id, client=api)
+    assert kept.status_code == 200, kept.content
+    assert kept.parsed.logs[-1].message == "sandbox ended: released", kept.parsed.logs[-1]
+    assert logs_v2.sync_detailed(sbx.sandbox_id, client=other).status_code == 404
+    # A sandbox that never was: not found.
+    never = logs_v2.sync_detailed("sb-0000000000000000", client=api)
+    assert never.status_code == 404
 
 
 # ---------------------------------------------------------------------------------------------
