@@ -1,7 +1,9 @@
 //! The unmodified e2b CLI (`@e2b/cli` 2.19.0, `E2B_API_URL`/`E2B_API_KEY`) against `serve`:
 //! `sandbox list` (formats, metadata and state filters), `info`, `pause`, `resume`, `kill` of
-//! several, and `logs` (every line one the CLI can parse; `--level`, `--loggers`, `--follow`
-//! until the sandbox ends, and the log of a killed sandbox), in tests/e2b/py/cli_scenarios.py.
+//! several and `--all`, `logs` (every line one the CLI can parse; `--level`, `--loggers`,
+//! `--follow` until the sandbox ends, and the log of a killed sandbox), `exec` (output, stdin,
+//! exit code), `metrics`, `snapshot create/list/delete`, `template list`, `create --detach`
+//! and the interactive `connect` through a real pty, in tests/e2b/py/cli_scenarios.py.
 
 mod common;
 

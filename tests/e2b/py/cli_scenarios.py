@@ -108,3 +108,63 @@ def test_the_cli_shows_and_follows_a_sandboxes_logs():
             s.kill()
         except Exception:
             pass
+
+
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CLI, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def test_the_cli_execs_measures_and_snapshots():
+    s = Sandbox.create(timeout=300)
+    try:
+        r = run_cli("sandbox", "exec", s.sandbox_id, "--", "sh", "-c", "echo out-$((6*7)); echo err >&2; exit 3")
+        assert r.returncode == 3, r
+        assert "out-42" in r.stdout and "err" in r.stderr, r
+        r = run_cli("sandbox", "exec", s.sandbox_id, "--", "cat", stdin="piped in\n")
+        assert r.returncode == 0 and r.stdout == "piped in\n", r
+
+        assert "Memory:" in cli("sandbox", "metrics", s.sandbox_id)
+
+        s.files.write("/home/user/state", "kept")
+        made = cli("sandbox", "snapshot", "create", s.sandbox_id)
+        snap = made.split("snapshot ")[1].split()[0]
+        assert snap in cli("sandbox", "snapshot", "list")
+        child = Sandbox.create(snap, timeout=120)
+        try:
+            assert child.files.read("/home/user/state") == "kept"
+        finally:
+            child.kill()
+        cli("sandbox", "snapshot", "delete", snap)
+        assert snap not in cli("sandbox", "snapshot", "list")
+
+        assert "base" in cli("template", "list")
+    finally:
+        s.kill()
+
+
+def test_the_cli_creates_and_connects_a_terminal_and_kills_all():
+    made = cli("sandbox", "create", "base", "--detach", "--timeout", "120").strip().splitlines()[-1]
+    assert made in listed(), made
+    # The interactive terminal, through the gateway's pty, driven through a real pty.
+    typed = "echo typed-$((6*7)) && exit\n"
+    r = subprocess.run(
+        ["script", "-qfec", f"{CLI} sandbox connect {made}", "/dev/null"],
+        input=f"{typed}",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert "typed-42" in r.stdout, r
+    assert made in listed(), "leaving the terminal leaves the sandbox running"
+    other = Sandbox.create(timeout=120)
+    cli("sandbox", "kill", "--all")
+    left = listed("--state", "running,paused")
+    assert made not in left and other.sandbox_id not in left, left
