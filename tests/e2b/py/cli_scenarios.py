@@ -164,6 +164,22 @@ def test_the_cli_creates_and_connects_a_terminal_and_kills_all():
     )
     assert "typed-42" in r.stdout, r
     assert made in listed(), "leaving the terminal leaves the sandbox running"
+    # Created attached: the terminal opens at once, and leaving it ends the sandbox (the CLI
+    # sets a one-second timeout as it goes).
+    before = set(listed())
+    r = subprocess.run(
+        ["script", "-qfec", f"{CLI} sandbox create base", "/dev/null"],
+        input="echo inside-$((6*7)) && exit\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert "inside-42" in r.stdout, r
+    deadline = time.time() + 15
+    while set(listed()) - before and time.time() < deadline:
+        time.sleep(0.5)
+    assert not set(listed()) - before, "the attached sandbox ended with its terminal"
     other = Sandbox.create(timeout=120)
     cli("sandbox", "kill", "--all")
     left = listed("--state", "running,paused")
