@@ -3,7 +3,8 @@
 //! several and `--all`, `logs` (every line one the CLI can parse; `--level`, `--loggers`,
 //! `--follow` until the sandbox ends, and the log of a killed sandbox), `exec` (output, stdin,
 //! exit code), `metrics`, `snapshot create/list/delete`, `template list`, `create --detach`,
-//! and the interactive `connect` and attached `create` through a real pty, in tests/e2b/py/cli_scenarios.py.
+//! and the interactive `connect` and attached `create` through a real pty
+//! (tests/e2b/py/cli_scenarios.py).
 
 mod common;
 
