@@ -16,14 +16,19 @@ from e2b import Sandbox
 CLI = os.environ["E2B_CLI"]
 
 
-def cli(*args: str, timeout: float = 60) -> str:
-    r = subprocess.run(
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [CLI, *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
         env={**os.environ, "NO_COLOR": "1"},
     )
+
+
+def cli(*args: str, timeout: float = 60) -> str:
+    r = run_cli(*args, timeout=timeout)
     assert r.returncode == 0, f"e2b {' '.join(args)}: rc={r.returncode}\n{r.stdout}\n{r.stderr}"
     return r.stdout
 
@@ -108,17 +113,6 @@ def test_the_cli_shows_and_follows_a_sandboxes_logs():
             s.kill()
         except Exception:
             pass
-
-
-def run_cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [CLI, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
 
 
 def test_the_cli_execs_measures_and_snapshots():
