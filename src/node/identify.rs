@@ -18,6 +18,7 @@ use super::Node;
 use super::runtime::{Instance, Runtime};
 use crate::model::{Error, Result, SandboxRecord, ids};
 use crate::sandbox::spec::ENVD_PORT;
+use crate::templates::Template;
 
 /// Whether a claim's agent has taken its identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +117,10 @@ impl<R: Runtime> Node<R> {
     }
 
     async fn send_init(&self, record: &SandboxRecord, inst: &Instance<R::Handle>) -> Result<()> {
-        let template = self.template(&record.key.template)?;
+        let (line, template) = match inst.agent.take() {
+            Some((conn, template)) => (Some(conn), template),
+            None => (None, self.template(&record.key.template)?),
+        };
         let mut env_vars = template.meta.env.clone();
         env_vars.extend(record.env_vars.clone());
         let body = InitBody {
@@ -133,8 +137,27 @@ impl<R: Runtime> Node<R> {
         };
         let body = serde_json::to_vec(&body)
             .map_err(|e| Error::internal(format!("encoding /init: {e}")))?;
+        let token = self.inner.runtime.init_token(inst);
+        if let Some(line) = line {
+            // /init only sets the agent's identity, so sending it again on a fresh connection
+            // after the opened one broke does no harm.
+            match post_init(line, &token, body.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::debug!(id = %record.id, error = %e, "the agent line opened ahead broke; dialling")
+                }
+            }
+        }
         let stream = self.inner.runtime.dial(inst, ENVD_PORT).await?;
-        post_init(stream, &self.inner.runtime.init_token(inst), body).await
+        post_init(stream, &token, body).await
+    }
+
+    /// Opens `inst`'s agent line (see `AgentLine`) to the agent of an instance booted from
+    /// `template`; without one its claim dials.
+    pub(super) async fn open_agent_line(&self, inst: &Instance<R::Handle>, template: &Template) {
+        if let Ok(conn) = self.inner.runtime.dial(inst, ENVD_PORT).await {
+            inst.agent.put(conn, template.clone());
+        }
     }
 
     /// Makes a running sandbox trust its egress proxy's CA when `record` (its policy about to

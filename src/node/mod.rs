@@ -568,6 +568,8 @@ impl<R: Runtime> Node<R> {
     /// runtime waits (network namespaces being torn down hold them), and giving up would leave
     /// the instance's directory, disk and cgroups behind until the node restarts.
     fn destroy_later(&self, instance: Instance<R::Handle>, why: &'static str) {
+        // An unused agent line would hold the sandbox's network namespace open.
+        drop(instance.agent.take());
         let node = self.clone();
         self.inner.tasks.spawn(async move {
             // Never closed, so a turn always comes.

@@ -112,6 +112,9 @@ impl<R: Runtime> Node<R> {
                 let node = self.clone();
                 boots.spawn(async move {
                     let booted = node.boot(&key, &template, None, None).await;
+                    if let Ok(inst) = &booted {
+                        node.open_agent_line(inst, &template).await;
+                    }
                     (key, booted)
                 });
             }

@@ -30,6 +30,7 @@ fn with<H: Clone>(inst: &Instance<AnyHandle>, handle: H) -> Instance<H> {
         address: inst.address.clone(),
         handle,
         logs: inst.logs.clone(),
+        agent: inst.agent.clone(),
     }
 }
 
@@ -231,5 +232,6 @@ fn with_handle<H>(i: Instance<H>, handle: AnyHandle) -> Instance<AnyHandle> {
         address: i.address,
         handle,
         logs: i.logs,
+        agent: i.agent,
     }
 }

@@ -437,6 +437,7 @@ impl Runtime for BuiltinRuntime {
                         init_token,
                     },
                     logs,
+                    agent: Default::default(),
                 };
                 // Only the agent runs before a claim hands the sandbox out, so rules set
                 // now are in force before anything of the caller's runs.

@@ -50,6 +50,34 @@ pub struct Instance<H> {
     /// The sandbox's log ring (not persisted: a restarted node starts a new one).
     #[serde(skip)]
     pub logs: crate::node::logs::Logs,
+    /// A connection to its agent, opened while it waits warm (see `AgentLine`).
+    #[serde(skip)]
+    pub agent: AgentLine,
+}
+
+/// A connection to a warm instance's agent, and the template it booted from, kept by the
+/// refill so that its claim neither dials nor reads the template (in the claim's wake, and
+/// competing with the claims after it) to hand the agent its identity. Taken once; a claim
+/// that finds none, or finds the connection broken, does both.
+#[derive(Clone, Default)]
+pub struct AgentLine(std::sync::Arc<std::sync::Mutex<Option<(Conn, Template)>>>);
+
+impl AgentLine {
+    pub fn put(&self, conn: Conn, template: Template) {
+        if let Ok(mut line) = self.0.lock() {
+            *line = Some((conn, template));
+        }
+    }
+
+    pub fn take(&self) -> Option<(Conn, Template)> {
+        self.0.lock().ok()?.take()
+    }
+}
+
+impl std::fmt::Debug for AgentLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentLine")
+    }
 }
 
 pub struct BootSpec<'a> {

@@ -902,6 +902,7 @@ impl Runtime for GvisorRuntime {
                 volumes: !spec.volumes.is_empty(),
             },
             logs: Default::default(),
+            agent: Default::default(),
         };
         if let Some(seed) = saved_files
             && let Err(e) = files::load(&Self::door(spec.dir), seed).await
