@@ -29,7 +29,8 @@ pub struct Config {
     /// The working directory of contexts that ask for none.
     #[serde(default = "default_cwd")]
     pub cwd: PathBuf,
-    /// Most contexts at once (each is a kernel process with its own memory).
+    /// Most contexts clients may make (each is a kernel process with its own memory); each
+    /// language's default context, which `run_code` without a context uses, comes on top.
     #[serde(default = "default_max_contexts")]
     pub max_contexts: usize,
     /// How long a kernel may take to start, in seconds.

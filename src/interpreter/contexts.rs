@@ -256,8 +256,10 @@ impl Registry {
         self.inner().order.clone()
     }
 
-    pub fn len(&self) -> usize {
-        self.inner().order.len()
+    /// Contexts that are not a language's default (the ones clients made).
+    pub fn made(&self) -> usize {
+        let inner = self.inner();
+        inner.order.len().saturating_sub(inner.defaults.len())
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Context>> {

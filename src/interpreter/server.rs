@@ -104,14 +104,16 @@ impl Server {
         }
     }
 
-    /// Whether another context fits: at most the configured number, and only while the
+    /// Whether another context fits: at most the configured number of contexts clients made
+    /// (a language's default is not refused for them: `run_code` without a context must
+    /// keep working whatever contexts were made, a fuzzer's run found), and only while the
     /// sandbox's memory has room for another kernel (rather than a kernel the OOM killer
     /// takes later, with some other context's state).
-    fn admit(&self) -> Result<(), Refusal> {
+    fn admit(&self, default: bool) -> Result<(), Refusal> {
         const MIB: u64 = 1 << 20;
-        if self.contexts.len() >= self.cfg.max_contexts {
+        if !default && self.contexts.made() >= self.cfg.max_contexts {
             return Err(Refusal::TooMany(format!(
-                "this sandbox already has {} contexts, the most it keeps (each is a kernel with its own memory); remove one first",
+                "this sandbox already has {} contexts besides its default ones, the most it keeps (each is a kernel with its own memory); remove one first",
                 self.cfg.max_contexts
             )));
         }
@@ -166,7 +168,7 @@ impl Server {
                 .admitting
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.admit()?;
+            self.admit(default)?;
             let id = uuid::Uuid::new_v4().to_string();
             let ctx = Context::start(id, language.clone(), self.launch(spec, cwd), warm);
             self.contexts
