@@ -154,7 +154,12 @@ fn not_found(id: &str) -> Error {
 }
 
 fn in_scope(record: &SandboxRecord, namespace: Option<&str>) -> bool {
-    namespace.is_none_or(|ns| record.namespace() == ns)
+    claim_in_scope(&record.claim_ref, namespace)
+}
+
+/// Whether a claim ref (`namespace/name`) is in `namespace` (None: every namespace).
+fn claim_in_scope(claim_ref: &str, namespace: Option<&str>) -> bool {
+    namespace.is_none_or(|ns| crate::model::sandbox::split_claim_ref(claim_ref).0 == ns)
 }
 
 impl Dispatcher {
@@ -740,8 +745,7 @@ impl Dispatcher {
         .buffer_unordered(self.inner.cfg.fanout_concurrency.max(1));
         while let Some(reply) = asks.next().await {
             let Ok(reply) = reply else { continue };
-            let owner = crate::model::sandbox::split_claim_ref(&reply.claim_ref).0;
-            if namespace.is_none_or(|ns| owner == ns) {
+            if claim_in_scope(&reply.claim_ref, namespace) {
                 return Ok(reply.entries.into_iter().map(Into::into).collect());
             }
         }

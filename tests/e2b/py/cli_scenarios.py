@@ -33,6 +33,13 @@ def cli(*args: str, timeout: float = 60) -> str:
     return r.stdout
 
 
+def kill_quietly(s: Sandbox) -> None:
+    try:
+        s.kill()
+    except Exception:  # already gone: a test may have killed it through the CLI
+        pass
+
+
 def listed(*args: str) -> dict[str, dict]:
     return {s["sandboxId"]: s for s in json.loads(cli("sandbox", "list", "--format", "json", *args))}
 
@@ -60,10 +67,7 @@ def test_the_cli_lists_inspects_pauses_resumes_and_kills():
         assert s.sandbox_id not in left and other.sandbox_id not in left, left
     finally:
         for x in (s, other):
-            try:
-                x.kill()
-            except Exception:
-                pass
+            kill_quietly(x)
 
 
 def test_the_cli_shows_and_follows_a_sandboxes_logs():
@@ -109,10 +113,7 @@ def test_the_cli_shows_and_follows_a_sandboxes_logs():
         later = [json.loads(l) for l in out.splitlines() if l.strip().startswith("{")]
         assert any("exit_code=4" in l.get("message", "") for l in later), out
     finally:
-        try:
-            s.kill()
-        except Exception:
-            pass
+        kill_quietly(s)
 
 
 def test_the_cli_execs_measures_and_snapshots():
