@@ -155,6 +155,8 @@ pub fn v2_query(q: &[(String, String)]) -> ApiResult<LogQuery> {
     })
 }
 
+/// A sandbox's log (v1). A sandbox that ended (killed, expired or died) keeps its log
+/// readable to its team for 15 minutes, ending with the line that says why it ended.
 #[utoipa::path(get, path = "/sandboxes/{sandboxID}/logs", tag = "sandboxes",
     params(("sandboxID" = String, Path), ("start" = Option<i64>, Query, description = "ms since the epoch"),
         ("limit" = Option<u32>, Query)),
@@ -182,6 +184,8 @@ pub async fn v1(
     Ok(ok_json(StatusCode::OK, &body))
 }
 
+/// A sandbox's log (v2), paged by cursor. A sandbox that ended keeps its log readable to its
+/// team for 15 minutes, ending with the line that says why it ended.
 #[utoipa::path(get, path = "/v2/sandboxes/{sandboxID}/logs", tag = "sandboxes",
     params(("sandboxID" = String, Path), ("cursor" = Option<i64>, Query, description = "ms since the epoch"),
         ("limit" = Option<u32>, Query), ("direction" = Option<String>, Query, description = "forward or backward"),
