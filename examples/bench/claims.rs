@@ -328,7 +328,8 @@ pub fn render_claims(o: &mut String, c: &ClaimBench, pool: u32, per_round: usize
          The tail (p99, max) includes moments when background work — booting replacements, \
          destroying the last round's sandboxes — competes with the claim path for the same \
          cores. The node holds its refill back while claims keep coming (20 ms after the last \
-         one, 500 ms at most, and at once when a pool falls below half its target), destroys \
+         one, 500 ms at most, and at once when a pool is nearly empty: below an eighth of its target \
+         or one refill round), destroys \
          two sandboxes at a time, and writes claim records to its index in batches off the \
          claim path.\n",
         c.per_second, c.rounds
