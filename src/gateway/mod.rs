@@ -333,7 +333,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         None => None,
     };
 
-    let metrics = Metrics::new()?;
+    let metrics = Metrics::new(embedded.as_ref().map(|n| n.node().clone()))?;
     let keys = web::Data::new(keys);
     let (facade_auth, client_cas) = match &cfg.kube.delegate {
         Some(source) => {
@@ -395,6 +395,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         secrets,
         volumes: Some(volumes),
     });
+    state.proxy.count_bytes(metrics.data_plane_bytes());
     if let Some(n) = &embedded {
         state.proxy.set_local_node(
             n.data_address.to_string(),

@@ -12,9 +12,14 @@ use prometheus::{
 };
 use tracing::Instrument;
 
+use std::collections::BTreeMap;
+
 use crate::dispatch::Dispatcher;
 use crate::httpx::Passthrough;
+use crate::model::sandbox::split_claim_ref;
 use crate::model::{Error as ModelError, Result, ids};
+use crate::node::Node;
+use crate::node::runtime::any::AnyRuntime;
 
 pub const REQUEST_ID: &str = "x-request-id";
 
@@ -29,6 +34,10 @@ pub struct Metrics {
     nodes_known: IntGauge,
     warm: IntGaugeVec,
     sandboxes: IntGauge,
+    sandboxes_by: IntGaugeVec,
+    data_plane_bytes: IntCounterVec,
+    /// The embedded node, whose metrics follow the gateway's.
+    node: Option<Node<AnyRuntime>>,
 }
 
 fn metric_err(e: prometheus::Error) -> ModelError {
@@ -36,7 +45,7 @@ fn metric_err(e: prometheus::Error) -> ModelError {
 }
 
 impl Metrics {
-    pub fn new() -> Result<Arc<Self>> {
+    pub fn new(node: Option<Node<AnyRuntime>>) -> Result<Arc<Self>> {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
             Opts::new(
@@ -77,8 +86,29 @@ impl Metrics {
             "Claimed sandboxes in the read view",
         )
         .map_err(metric_err)?;
+        let sandboxes_by = IntGaugeVec::new(
+            Opts::new(
+                "sandbox_gateway_sandboxes_by_state",
+                "Claimed sandboxes in the read view by state and team",
+            ),
+            &["state", "team"],
+        )
+        .map_err(metric_err)?;
+        let data_plane_bytes = IntCounterVec::new(
+            Opts::new(
+                "sandbox_gateway_data_plane_bytes_total",
+                "Bytes the data plane moved into and out of sandboxes (HTTP bodies and upgraded streams)",
+            ),
+            &["direction"],
+        )
+        .map_err(metric_err)?;
+        for direction in ["to_sandbox", "from_sandbox"] {
+            data_plane_bytes.with_label_values(&[direction]);
+        }
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(sandboxes_by.clone()),
+            Box::new(data_plane_bytes.clone()),
             Box::new(latency.clone()),
             Box::new(nodes_up.clone()),
             Box::new(nodes_known.clone()),
@@ -95,7 +125,15 @@ impl Metrics {
             nodes_known,
             warm,
             sandboxes,
+            sandboxes_by,
+            data_plane_bytes,
+            node,
         }))
+    }
+
+    /// The counters the data plane adds its bytes to.
+    pub fn data_plane_bytes(&self) -> &IntCounterVec {
+        &self.data_plane_bytes
     }
 
     fn observe(&self, surface: &str, route: &str, method: &str, status: u16, seconds: f64) {
@@ -120,11 +158,25 @@ impl Metrics {
                 .set(i64::from(warm));
         }
         self.sandboxes.set(dispatcher.view().len() as i64);
+        let mut by: BTreeMap<(&'static str, String), i64> = BTreeMap::new();
+        let (entries, _) = dispatcher.view().all_entries();
+        for e in entries.iter() {
+            let team = split_claim_ref(&e.record.claim_ref).0.to_string();
+            *by.entry((e.record.phase.as_str(), team)).or_default() += 1;
+        }
+        self.sandboxes_by.reset();
+        for ((state, team), n) in by {
+            self.sandboxes_by.with_label_values(&[state, &team]).set(n);
+        }
         let mut buf = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             tracing::error!(error = %e, "encoding metrics");
         }
-        String::from_utf8_lossy(&buf).into_owned()
+        let mut text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(node) = &self.node {
+            text.push_str(&node.metrics_text());
+        }
+        text
     }
 }
 

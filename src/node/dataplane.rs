@@ -105,6 +105,21 @@ fn refusal(err: &Error) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Whether a data-plane request is Prometheus's scrape of the node (`GET /metrics`), the one
+/// plain HTTP request the listener answers besides CONNECT.
+fn is_metrics_scrape(buf: &[u8]) -> bool {
+    buf.starts_with(b"GET /metrics HTTP/1.") || buf.starts_with(b"GET /metrics?")
+}
+
+/// The answer to a scrape: the metrics text, then the connection closes.
+fn metrics_answer(text: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+        text.len()
+    )
+    .into_bytes()
+}
+
 /// A sandbox a tunnel may be dialled into (see `Node::admit_tunnel`).
 pub struct Admitted<H>(super::runtime::Instance<H>);
 
@@ -220,6 +235,12 @@ impl<R: Runtime> Node<R> {
         .await;
         let head = match head {
             Ok(Some(Ok(h))) => h,
+            Ok(Some(Err(_))) if is_metrics_scrape(&buf) => {
+                let _ = client
+                    .write_all(&metrics_answer(&self.metrics_text()))
+                    .await;
+                return;
+            }
             Ok(Some(Err(why))) => {
                 let _ = client.write_all(&refusal(&Error::invalid(why))).await;
                 return;
@@ -252,12 +273,16 @@ impl<R: Runtime> Node<R> {
             return;
         }
         tokio::select! {
-            _ = tokio::io::copy_bidirectional_with_sizes(
+            copied = tokio::io::copy_bidirectional_with_sizes(
                 &mut client,
                 &mut upstream,
                 COPY_BUFFER,
                 COPY_BUFFER,
-            ) => {}
+            ) => {
+                if let Ok((to, from)) = copied {
+                    self.metrics().tunnelled(to, from);
+                }
+            }
             _ = closed.cancelled() => {}
         }
     }
@@ -290,6 +315,25 @@ impl<R: Runtime> Node<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_get_of_metrics_is_a_scrape() {
+        assert!(is_metrics_scrape(
+            b"GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n"
+        ));
+        assert!(is_metrics_scrape(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n"));
+        for other in [
+            &b"GET /metricsx HTTP/1.1\r\n\r\n"[..],
+            b"POST /metrics HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"CONNECT sb-1:49983 HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(!is_metrics_scrape(other), "{other:?}");
+        }
+        let answer = metrics_answer("a 1\n");
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(answer.ends_with(b"content-length: 4\r\nconnection: close\r\n\r\na 1\n"));
+    }
 
     #[test]
     fn connect_heads_parse() {

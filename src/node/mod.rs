@@ -13,6 +13,7 @@ mod identify;
 mod leases;
 pub mod logs;
 mod metadata;
+pub mod metrics;
 mod network;
 mod ops;
 mod pause;
@@ -199,6 +200,7 @@ pub(crate) struct Inner<R: Runtime> {
     started_at: DateTime<Utc>,
     /// Capacity of the file system holding the sandboxes, read at start.
     disk_bytes: u64,
+    metrics: metrics::NodeMetrics,
     _lock: runtime::sys::DirLock,
 }
 
@@ -363,6 +365,7 @@ impl<R: Runtime> Node<R> {
             builds::Builds::open(&paths.root, &paths.templates, cfg.template_upload_max_bytes)?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let paths_root = paths.root.clone();
+        let node_metrics = metrics::NodeMetrics::new(&cfg.name)?;
         let inner = Arc::new(Inner {
             paths,
             templates,
@@ -389,6 +392,7 @@ impl<R: Runtime> Node<R> {
             shutdown: CancellationToken::new(),
             started_at: Utc::now(),
             disk_bytes: crate::fsx::filesystem_capacity(&paths_root).unwrap_or(0),
+            metrics: node_metrics,
             _lock: lock.0,
             cfg,
         });
@@ -404,6 +408,37 @@ impl<R: Runtime> Node<R> {
 
     pub fn name(&self) -> &str {
         &self.inner.cfg.name
+    }
+
+    pub(crate) fn metrics(&self) -> &metrics::NodeMetrics {
+        &self.inner.metrics
+    }
+
+    /// The node's metrics in Prometheus's text format, its gauges read from the state now.
+    pub fn metrics_text(&self) -> String {
+        let snapshot = {
+            let st = self.state();
+            let mut running = 0;
+            let mut paused = 0;
+            for c in st.claims.values() {
+                match c.record.phase {
+                    model::Phase::Running => running += 1,
+                    model::Phase::Paused => paused += 1,
+                }
+            }
+            metrics::Snapshot {
+                pools: st
+                    .pools
+                    .iter()
+                    .map(|(k, p)| (k.to_string(), p.warm.len() as u32, p.booting, p.target))
+                    .collect(),
+                sandboxes: vec![
+                    (model::Phase::Running.as_str(), running),
+                    (model::Phase::Paused.as_str(), paused),
+                ],
+            }
+        };
+        self.inner.metrics.render(&snapshot)
     }
 
     pub fn config(&self) -> &NodeConfig {
@@ -578,6 +613,7 @@ impl<R: Runtime> Node<R> {
             let mut retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
             loop {
                 let Err(e) = node.inner.runtime.destroy(&instance).await else {
+                    node.inner.metrics.destroyed(true);
                     if retry.failures() > 0 {
                         tracing::info!(instance = %instance.id, attempts = retry.failures() + 1, why, "destroyed an instance after retrying");
                     }
@@ -586,6 +622,7 @@ impl<R: Runtime> Node<R> {
                 let shutdown = &node.inner.shutdown;
                 if shutdown.is_cancelled() || started.elapsed() >= DESTROY_RETRY_FOR {
                     tracing::error!(instance = %instance.id, error = %e, why, attempts = retry.failures() + 1, "destroying an instance failed; its remains are removed when the node next starts");
+                    node.inner.metrics.destroyed(false);
                     return;
                 }
                 let wait = retry.fail(backoff::jitter());

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
+use super::metrics::ClaimOutcome;
 use super::runtime::{Instance, Runtime};
 use super::{ClaimSpec, Node, Origin, VerbLock};
 use crate::model::CheckpointFilter;
@@ -18,6 +19,26 @@ impl<R: Runtime> Node<R> {
     /// cold-starts when the node allows it, else answers NoCapacity.
     /// Returns the record (with its token) and whether it came warm.
     pub async fn claim(&self, key: &PoolKey, spec: ClaimSpec) -> Result<(SandboxRecord, bool)> {
+        let started = Instant::now();
+        let claimed = self.claim_counted(key, spec).await;
+        let outcome = match &claimed {
+            Ok((_, true)) => ClaimOutcome::Warm,
+            Ok((_, false)) => ClaimOutcome::Cold,
+            Err(_) => ClaimOutcome::Failed,
+        };
+        // A failed claim may name any template; only pools the node has become a label, so
+        // that made-up names cannot grow the metrics without bound.
+        let pool = if outcome == ClaimOutcome::Failed && !self.state().pools.contains_key(key) {
+            "other".to_string()
+        } else {
+            key.to_string()
+        };
+        self.metrics().claimed(&pool, outcome, started.elapsed());
+        claimed
+    }
+
+    /// `claim`, before the metrics count it.
+    async fn claim_counted(&self, key: &PoolKey, spec: ClaimSpec) -> Result<(SandboxRecord, bool)> {
         spec.validate()?;
         super::volumes::check(&spec.volume_mounts, self.inner.cfg.volumes_dir.as_deref())?;
         let egress = self.egress_for(key, &spec.network, spec.namespace())?;

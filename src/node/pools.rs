@@ -125,7 +125,13 @@ impl<R: Runtime> Node<R> {
             for (key, template) in self.plan_refill(boots.len()) {
                 let node = self.clone();
                 boots.spawn(async move {
+                    let started = Instant::now();
                     let booted = node.boot(&key, &template, None, None).await;
+                    node.metrics().refill_booted(
+                        &key.to_string(),
+                        booted.is_ok(),
+                        started.elapsed(),
+                    );
                     if let Ok(inst) = &booted {
                         node.open_agent_line(inst, &template).await;
                     }

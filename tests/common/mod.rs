@@ -257,6 +257,8 @@ pub struct NodeProc {
     pub proc: Proc,
     pub name: String,
     pub addr: String,
+    /// The data plane's address (CONNECT tunnels, `GET /metrics`).
+    pub data_addr: String,
     pub data_dir: PathBuf,
     args: Vec<String>,
 }
@@ -297,10 +299,17 @@ impl NodeProc {
             .and_then(|r| r.split_whitespace().next())
             .expect("address in the listening line")
             .to_string();
+        let data_addr = line
+            .split("data plane on ")
+            .nth(1)
+            .and_then(|r| r.split(';').next())
+            .expect("the data plane's address in the listening line")
+            .to_string();
         NodeProc {
             proc,
             name: name.into(),
             addr,
+            data_addr,
             data_dir: data_dir.to_path_buf(),
             args,
         }

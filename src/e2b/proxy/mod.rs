@@ -22,6 +22,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use http_body_util::{BodyDataStream, BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
+use prometheus::{IntCounter, IntCounterVec};
 use subtle::ConstantTimeEq;
 use tokio::io::AsyncWriteExt;
 
@@ -61,6 +62,30 @@ struct Route {
 pub struct Proxy {
     tunnels: Arc<Tunnels>,
     routes: moka::sync::Cache<String, Route>,
+    /// Bytes into and out of sandboxes, once the gateway's metrics are set up.
+    bytes: std::sync::OnceLock<ByteCounters>,
+}
+
+/// The data plane's byte counters: into the sandboxes, out of them (none before the metrics
+/// are set up).
+#[derive(Clone, Default)]
+struct ByteCounters {
+    to: Option<IntCounter>,
+    from: Option<IntCounter>,
+}
+
+impl ByteCounters {
+    fn went_in(&self, n: usize) {
+        if let Some(c) = &self.to {
+            c.inc_by(n as u64);
+        }
+    }
+
+    fn came_out(&self, n: usize) {
+        if let Some(c) = &self.from {
+            c.inc_by(n as u64);
+        }
+    }
 }
 
 impl Default for Proxy {
@@ -71,6 +96,7 @@ impl Default for Proxy {
                 .max_capacity(100_000)
                 .time_to_live(ROUTE_TTL)
                 .build(),
+            bytes: std::sync::OnceLock::new(),
         }
     }
 }
@@ -185,6 +211,19 @@ const BROKEN: &str = "The connection to the sandbox's node broke";
 impl Proxy {
     /// Tunnels to the node at data-plane `address` open by calls into `node`, which runs in
     /// this process.
+    /// Counts the bytes the proxy moves into `counters`, by `direction` (`to_sandbox`,
+    /// `from_sandbox`).
+    pub fn count_bytes(&self, counters: &IntCounterVec) {
+        let _ = self.bytes.set(ByteCounters {
+            to: Some(counters.with_label_values(&["to_sandbox"])),
+            from: Some(counters.with_label_values(&["from_sandbox"])),
+        });
+    }
+
+    fn byte_counters(&self) -> ByteCounters {
+        self.bytes.get().cloned().unwrap_or_default()
+    }
+
     pub fn set_local_node(&self, address: String, node: Arc<dyn tunnel::LocalNode>) {
         self.tunnels.set_local(address, node);
     }
@@ -234,7 +273,7 @@ fn has_body(req: &HttpRequest) -> bool {
 }
 
 /// The client's body, streamed to the sandbox with bounded buffering (back-pressure).
-fn request_body(mut payload: web::Payload) -> ProxyBody {
+fn request_body(mut payload: web::Payload, counted: ByteCounters) -> ProxyBody {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, io::Error>>(BODY_CHUNKS);
     // The payload lives on this worker's thread; a local task feeds the channel. When the
     // sandbox answers before it has read everything, the rest is still read (and dropped) for
@@ -250,6 +289,9 @@ fn request_body(mut payload: web::Payload) -> ProxyBody {
                 continue;
             }
             let item = chunk.map_err(|e| io::Error::other(e.to_string()));
+            if let Ok(b) = &item {
+                counted.went_in(b.len());
+            }
             let failed = item.is_err();
             if tx.send(item).await.is_err() {
                 answered_at = Some(std::time::Instant::now());
@@ -440,19 +482,21 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
     }
     let upgrade = is_upgrade(&req);
     let small = small_idempotent_body(&req);
+    let counted = e2b.proxy.byte_counters();
     let mut buffered = None;
     let (body, payload) = if upgrade || !has_body(&req) {
         (empty_body(), Some(payload))
     } else if let Some(limit) = small {
         match read_whole(payload, limit).await {
             Ok(bytes) => {
+                counted.went_in(bytes.len());
                 buffered = Some(Buffered(bytes.clone()));
                 (full_body(bytes), None)
             }
             Err(why) => return answer(400, &target.published, &why),
         }
     } else {
-        (request_body(payload), None)
+        (request_body(payload, counted.clone()), None)
     };
     // envd's traffic is never masked.
     let masked = route
@@ -485,12 +529,16 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
         Err(e) => return tunnel_failure(e, &target, &e2b.proxy),
     };
     if upgrade && resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
-        return switch_protocols(resp, payload).await;
+        return switch_protocols(resp, payload, counted).await;
     }
-    respond(resp, req.method() == actix_web::http::Method::HEAD)
+    respond(resp, req.method() == actix_web::http::Method::HEAD, counted)
 }
 
-fn respond(resp: hyper::Response<hyper::body::Incoming>, head: bool) -> HttpResponse {
+fn respond(
+    resp: hyper::Response<hyper::body::Incoming>,
+    head: bool,
+    counted: ByteCounters,
+) -> HttpResponse {
     let status = actix_web::http::StatusCode::from_u16(resp.status().as_u16())
         .unwrap_or(actix_web::http::StatusCode::BAD_GATEWAY);
     let mut b = HttpResponse::build(status);
@@ -500,7 +548,9 @@ fn respond(resp: hyper::Response<hyper::body::Incoming>, head: bool) -> HttpResp
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let stream = BodyDataStream::new(resp.into_body()).map_err(|e| io::Error::other(e.to_string()));
+    let stream = BodyDataStream::new(resp.into_body())
+        .map_err(|e| io::Error::other(e.to_string()))
+        .inspect_ok(move |b| counted.came_out(b.len()));
     let mut res = if head
         || status == actix_web::http::StatusCode::NO_CONTENT
         || status == actix_web::http::StatusCode::NOT_MODIFIED
@@ -523,6 +573,7 @@ fn respond(resp: hyper::Response<hyper::body::Incoming>, head: bool) -> HttpResp
 async fn switch_protocols(
     mut resp: hyper::Response<hyper::body::Incoming>,
     payload: Option<web::Payload>,
+    counted: ByteCounters,
 ) -> HttpResponse {
     let mut b = HttpResponse::SwitchingProtocols();
     let upgrade = resp
@@ -539,8 +590,10 @@ async fn switch_protocols(
     };
     let (read, mut write) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
     if let Some(mut payload) = payload {
+        let counted = counted.clone();
         actix_web::rt::spawn(async move {
             while let Some(Ok(chunk)) = payload.next().await {
+                counted.went_in(chunk.len());
                 if write.write_all(&chunk).await.is_err() {
                     break;
                 }
@@ -548,7 +601,9 @@ async fn switch_protocols(
             let _ = write.shutdown().await;
         });
     }
-    let mut res = b.body(BodyStream::new(tokio_util::io::ReaderStream::new(read)));
+    let read =
+        tokio_util::io::ReaderStream::new(read).inspect_ok(move |b| counted.came_out(b.len()));
+    let mut res = b.body(BodyStream::new(read));
     res.extensions_mut().insert(Passthrough);
     res
 }
