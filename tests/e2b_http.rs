@@ -409,15 +409,36 @@ async fn e2b_wire_contract() {
         .call(Method::GET, &format!("/sandboxes/{id}"), a, None)
         .await;
     assert_eq!(info.body["pauseMode"], "filesystem", "{:?}", info.body);
-    let c = gw
-        .call(
+    // A snapshot asked while the connect boots the sandbox from its files waits for it and
+    // captures the new instance (it once captured the destroyed one and answered 500).
+    let connect_path = format!("/v2/sandboxes/{id}/connect");
+    let connect = gw.call(Method::POST, &connect_path, a, Some(json!({"timeout": 60})));
+    let snapshot = async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        gw.call(
             Method::POST,
-            &format!("/v2/sandboxes/{id}/connect"),
+            &format!("/sandboxes/{id}/snapshots"),
             a,
-            Some(json!({"timeout": 60})),
+            Some(json!({})),
         )
-        .await;
+        .await
+    };
+    let (c, snap) = tokio::join!(connect, snapshot);
     assert_eq!(c.status, StatusCode::CREATED, "{:?}", c.body);
+    assert!(
+        [StatusCode::CREATED, StatusCode::CONFLICT].contains(&snap.status),
+        "a snapshot beside a resume: {} {:?}",
+        snap.status,
+        snap.body
+    );
+    if let Some(snap_id) = snap.body["snapshotID"].as_str() {
+        assert_eq!(
+            gw.call(Method::DELETE, &format!("/templates/{snap_id}"), a, None)
+                .await
+                .status,
+            StatusCode::NO_CONTENT
+        );
+    }
     assert_eq!(c.body["envdAccessToken"], token.as_str());
     let info = gw
         .call(Method::GET, &format!("/sandboxes/{id}"), a, None)

@@ -22,6 +22,7 @@ fn checkpoint_key(c: &model::CheckpointRecord) -> (i64, &str) {
     params(("sandboxID" = String, Path)), request_body = wire::SnapshotRequest,
     responses((status = 201, body = wire::SnapshotInfo), (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "the sandbox is paused without its memory (connect it first), or its node's snapshots have no room left"),
         (status = 507, body = ErrorBody, description = "the sandbox's node's data directory is full; nothing was kept")),
     security(("ApiKeyAuth" = [])))]
 pub async fn snapshot(

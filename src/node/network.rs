@@ -74,9 +74,7 @@ impl<R: Runtime> Node<R> {
         mut policy: NetworkPolicy,
     ) -> Result<(SandboxRecord, bool)> {
         policy.validate()?;
-        let (op, inst) = self.claim_handle(id)?;
-        let _guard = op.lock_owned().await;
-        let current = self.record_of(id)?;
+        let (_guard, current, inst) = self.lock_claim(id).await?;
         policy.allow_public_traffic = current.network.allow_public_traffic;
         policy.mask_request_host = current.network.mask_request_host.clone();
         if policy == current.network {

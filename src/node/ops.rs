@@ -203,6 +203,27 @@ impl<R: Runtime> Node<R> {
         }
     }
 
+    /// Takes a claim's verb lock, then reads its record and instance: what another verb did
+    /// while this one waited is seen (a resume from disk boots a new instance and destroys
+    /// the old one; a snapshot that had copied the old one beforehand froze a removed cgroup
+    /// and answered 500, which the schema fuzzer found).
+    pub(super) async fn lock_claim(
+        &self,
+        id: &str,
+    ) -> Result<(
+        tokio::sync::OwnedMutexGuard<()>,
+        SandboxRecord,
+        Instance<R::Handle>,
+    )> {
+        let (op, _) = self.claim_handle(id)?;
+        let guard = op.lock_owned().await;
+        let st = self.state();
+        match st.claims.get(id) {
+            Some(c) => Ok((guard, c.record.clone(), c.instance.clone())),
+            None => Err(self.not_found(&st, id)),
+        }
+    }
+
     pub(super) fn record_of(&self, id: &str) -> Result<SandboxRecord> {
         self.get(id).map(|(r, _)| r)
     }
@@ -323,9 +344,7 @@ impl<R: Runtime> Node<R> {
                 model::sandbox::MAX_CLAIM_REF
             )));
         }
-        let (op, inst) = self.claim_handle(id)?;
-        let _guard = op.lock_owned().await;
-        let parent = self.record_of(id)?;
+        let (_guard, parent, inst) = self.lock_claim(id).await?;
         refuse_on_disk(&parent, "forked")?;
         let template = self.template(&parent.key.template)?;
         // Children keep their parent's policy, in force before their first instruction.
@@ -398,9 +417,7 @@ impl<R: Runtime> Node<R> {
         if !name.is_empty() {
             model::validate_checkpoint_name(name)?;
         }
-        let (op, inst) = self.claim_handle(id)?;
-        let _guard = op.lock_owned().await;
-        let source = self.record_of(id)?;
+        let (_guard, source, inst) = self.lock_claim(id).await?;
         refuse_on_disk(&source, "snapshotted")?;
         if memory && !self.inner.runtime.captures_memory(&source.key.net) {
             return Err(Error::invalid(format!(

@@ -87,9 +87,7 @@ impl<R: Runtime> Node<R> {
         change: PauseChange,
         still: impl Fn(&SandboxRecord) -> bool,
     ) -> Result<(SandboxRecord, bool)> {
-        let (op, inst) = self.claim_handle(id)?;
-        let _guard = op.lock_owned().await;
-        let current = self.record_of(id)?;
+        let (_guard, current, inst) = self.lock_claim(id).await?;
         let Some(step) = plan(&current, change).filter(|_| still(&current)) else {
             return Ok((current, false));
         };
