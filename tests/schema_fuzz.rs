@@ -242,12 +242,25 @@ async fn no_server_errors_for_generated_requests() -> Result<(), String> {
     // The same gateway, as the SDKs use it: sequences of calls on sandboxes that exist. Every
     // create claims a real sandbox (the warm pool of 4, then cold starts, well below the
     // node's 512); those not deleted in a sequence end with their lease or the gateway.
+    //
+    // A sandbox's log stays readable to its team for 15 minutes after the sandbox ends
+    // (killed, expired or died), as e2b's does: `e2b sandbox logs --follow` polls the log of a
+    // sandbox someone kills and must read its last lines, not a 404 (tests/e2b_cli.rs). So a
+    // 200 from the logs routes after DELETE is the documented behaviour, and those two routes
+    // sit out this phase (the operations phase above still sends them generated requests).
+    // (A per-operation `checks.use_after_free.enabled = false` in tests/fuzz/schemathesis.toml
+    // did not stop the check in a CI run, where the command line names it.)
+    let stateful_args: Vec<&str> = e2b_args
+        .iter()
+        .copied()
+        .chain(["--exclude-path-regex", "/logs$"])
+        .collect();
     let stateful = schemathesis(
         "e2b-stateful",
         Phases::Stateful,
         &e2b_doc,
         &gw.e2b_url,
-        &e2b_args,
+        &stateful_args,
         &report,
     );
     // Links that resolve to nothing would make this phase pass without a single sequence of
