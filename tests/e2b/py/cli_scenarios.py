@@ -1,5 +1,6 @@
 """The unmodified e2b CLI (@e2b/cli 2.19.0, installed in tests/e2b/js) against the gateway:
-listing, inspecting, logs (one-shot and followed), pause, resume and kill.
+listing, inspecting, logs (one-shot and followed), pause, resume and kill, and listing and
+deleting templates built with the SDK.
 
 Needs E2B_API_URL and E2B_API_KEY (the CLI reads both) and E2B_CLI, the CLI's executable.
 """
@@ -10,8 +11,10 @@ import json
 import os
 import subprocess
 import time
+import uuid
 
-from e2b import Sandbox
+import pytest
+from e2b import Sandbox, Template
 
 CLI = os.environ["E2B_CLI"]
 
@@ -179,3 +182,24 @@ def test_the_cli_creates_and_connects_a_terminal_and_kills_all():
     cli("sandbox", "kill", "--all")
     left = listed("--state", "running,paused")
     assert made not in left and other.sandbox_id not in left, left
+
+
+def test_the_cli_lists_and_deletes_a_template_the_sdk_built():
+    name = f"cli-del-{uuid.uuid4().hex[:8]}"
+    t = Template().from_template("base").run_cmd("echo built > /home/user/built")
+    info = Template.build(t, name)
+    listed_templates = cli("template", "list")
+    assert name in listed_templates or info.template_id in listed_templates, listed_templates
+    sbx = Sandbox.create(name, timeout=60)
+    try:
+        assert sbx.files.read("/home/user/built").strip() == "built"
+    finally:
+        sbx.kill()
+    cli("template", "delete", info.template_id, "--yes")
+    after = cli("template", "list")
+    assert name not in after and info.template_id not in after, after
+    with pytest.raises(Exception):
+        Sandbox.create(name, timeout=60)
+    # Deleting it again says so and fails.
+    again = run_cli("template", "delete", info.template_id, "--yes")
+    assert again.returncode != 0, again
