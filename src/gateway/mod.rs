@@ -261,10 +261,31 @@ fn volume_store(cfg: &ServeConfig) -> Result<Arc<crate::volumes::VolumeStore>> {
     Ok(Arc::new(store))
 }
 
-async fn metrics_route(metrics: web::Data<Arc<Metrics>>, e2b: web::Data<E2b>) -> HttpResponse {
+/// `/metrics`, open to any scrape. Tenant names (sandboxes by team) are only for a scrape with
+/// an admin API key (`Authorization: Bearer <key>` as Prometheus sends it, or `X-API-KEY`):
+/// the e2b port may face the internet, and who the tenants are is not everyone's business.
+async fn metrics_route(
+    req: actix_web::HttpRequest,
+    metrics: web::Data<Arc<Metrics>>,
+    e2b: web::Data<E2b>,
+) -> HttpResponse {
+    let header = |name| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let key = header(actix_web::http::header::AUTHORIZATION.as_str())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| header(auth::API_KEY_HEADER));
+    let admin = key.is_some()
+        && req
+            .app_data::<web::Data<ApiKeys>>()
+            .and_then(|keys| keys.authenticate(key).ok())
+            .is_some_and(|t| t.admin);
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(metrics.render(&e2b.dispatcher))
+        .body(metrics.render(&e2b.dispatcher, admin))
 }
 
 pub async fn run(cfg: ServeConfig) -> Result<()> {

@@ -145,8 +145,9 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// The text exposition, with fleet gauges read at scrape time.
-    pub fn render(&self, dispatcher: &Dispatcher) -> String {
+    /// The text exposition, with fleet gauges read at scrape time; sandboxes by team only
+    /// when `tenants` (an admin's scrape).
+    pub fn render(&self, dispatcher: &Dispatcher, tenants: bool) -> String {
         let nodes = dispatcher.nodes();
         self.nodes_up
             .set(nodes.iter().filter(|n| n.up).count() as i64);
@@ -159,10 +160,12 @@ impl Metrics {
         }
         self.sandboxes.set(dispatcher.view().len() as i64);
         let mut by: BTreeMap<(&'static str, String), i64> = BTreeMap::new();
-        let (entries, _) = dispatcher.view().all_entries();
-        for e in entries.iter() {
-            let team = split_claim_ref(&e.record.claim_ref).0.to_string();
-            *by.entry((e.record.phase.as_str(), team)).or_default() += 1;
+        if tenants {
+            let (entries, _) = dispatcher.view().all_entries();
+            for e in entries.iter() {
+                let team = split_claim_ref(&e.record.claim_ref).0.to_string();
+                *by.entry((e.record.phase.as_str(), team)).or_default() += 1;
+            }
         }
         self.sandboxes_by.reset();
         for ((state, team), n) in by {
