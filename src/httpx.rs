@@ -107,25 +107,17 @@ fn made_ahead<I>(
 where
     I: Iterator<Item = Bytes> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tokio::task::spawn_blocking(move || {
-        let _maker = maker;
-        loop {
-            let next =
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chunks.next())) {
-                    Ok(Some(chunk)) => Ok(chunk),
-                    Ok(None) => return,
-                    Err(_) => Err(std::io::Error::other(
-                        "making the body's next chunk panicked",
-                    )),
-                };
-            let last = next.is_err();
-            if tx.blocking_send(next).is_err() || last {
-                return;
-            }
+    crate::iox::made_on_a_thread(1, move || {
+        // The permit goes with the thread: it is held until the maker stops.
+        let _maker = &maker;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chunks.next())) {
+            Ok(Some(chunk)) => Some(Ok(chunk)),
+            Ok(None) => None,
+            Err(_) => Some(Err(std::io::Error::other(
+                "making the body's next chunk panicked",
+            ))),
         }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    })
 }
 
 #[cfg(test)]

@@ -123,6 +123,29 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Closable<S> {
     }
 }
 
+/// A stream of what `next` makes on a blocking thread, up to `ahead` items before the reader
+/// asks: the thread stops at the end (`None`), after passing on an error, or at its next item
+/// once the stream is dropped. Memory stays bounded by `ahead` whatever the stream's length.
+pub fn made_on_a_thread<T, F>(
+    ahead: usize,
+    mut next: F,
+) -> impl futures::Stream<Item = io::Result<T>>
+where
+    T: Send + 'static,
+    F: FnMut() -> Option<io::Result<T>> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(ahead.max(1));
+    tokio::task::spawn_blocking(move || {
+        while let Some(item) = next() {
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

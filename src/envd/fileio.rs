@@ -77,31 +77,23 @@ impl FileSink {
 /// The bytes of `file` from where it stands to its end, read in blocks of `block` bytes by a
 /// thread of its own. Reading stops when the stream is dropped.
 pub fn file_stream(mut file: File, block: usize) -> impl Stream<Item = io::Result<Bytes>> {
-    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(IN_FLIGHT);
-    tokio::task::spawn_blocking(move || {
-        loop {
-            let mut buf = BytesMut::zeroed(block);
-            let read = loop {
-                match file.read(&mut buf) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    r => break r,
-                }
-            };
-            let item = match read {
-                Ok(0) => return,
-                Ok(n) => {
-                    buf.truncate(n);
-                    Ok(buf.freeze())
-                }
-                Err(e) => Err(e),
-            };
-            let failed = item.is_err();
-            if tx.blocking_send(item).is_err() || failed {
-                return;
+    crate::iox::made_on_a_thread(IN_FLIGHT, move || {
+        let mut buf = BytesMut::zeroed(block);
+        let read = loop {
+            match file.read(&mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r,
             }
+        };
+        match read {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some(Ok(buf.freeze()))
+            }
+            Err(e) => Some(Err(e)),
         }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    })
 }
 
 #[cfg(test)]
