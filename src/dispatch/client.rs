@@ -9,7 +9,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status};
 
-use crate::model::{Error, Result};
+use crate::model::{Error, ErrorKind, Result};
 use crate::proto::auth::SendFleetToken;
 use crate::proto::{self, error_from_status, node_client::NodeClient};
 
@@ -17,6 +17,10 @@ pub type Client = NodeClient<InterceptedService<Channel, SendFleetToken>>;
 
 /// Node replies can be large (a list of thousands of sandboxes).
 const MAX_REPLY: usize = 256 * 1024 * 1024;
+/// How long a check that a node still listens may take to connect.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long that check watches its connection for a reset.
+const PROBE_LISTEN: Duration = Duration::from_millis(300);
 
 /// Whether a call changes node state: a mutating call whose outcome is unknown must not be
 /// reported as "nothing happened".
@@ -38,6 +42,12 @@ fn endpoint_uri(address: &str) -> String {
     } else {
         format!("http://{address}")
     }
+}
+
+/// `host:port` of a node address, with or without a scheme (and a path).
+fn host_port(address: &str) -> &str {
+    let rest = address.split_once("://").map_or(address, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest)
 }
 
 /// True when the transport failed before the request could be delivered.
@@ -116,7 +126,19 @@ impl NodeConn {
     ) -> Result<T> {
         match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
-            Ok(Err(status)) => Err(self.classify(status, effect, what)),
+            Ok(Err(status)) => {
+                let err = self.classify(status, effect, what);
+                if err.kind == ErrorKind::OutcomeUnknown && self.refuses_connections().await {
+                    // The node's process is gone (a SIGKILL breaks the connection a call was
+                    // just sent on): whatever it did went with it, so the call is as good as
+                    // refused and a claim may go to another node.
+                    return Err(Error::unavailable(format!(
+                        "node {} went away during {what}: its port refuses connections",
+                        self.address
+                    )));
+                }
+                Err(err)
+            }
             Err(_) => {
                 let addr = &self.address;
                 Err(match effect {
@@ -131,10 +153,41 @@ impl NodeConn {
         }
     }
 
+    /// Whether the node's process is gone: its port refuses a new connection, or resets one
+    /// (a process that is exiting resets what its listener had not accepted), where a live
+    /// node, even a stalled one, keeps the connection open and waits for the client.
+    async fn refuses_connections(&self) -> bool {
+        use tokio::io::AsyncReadExt;
+        let addr = host_port(&self.address).to_string();
+        let mut stream =
+            match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return e.kind() == std::io::ErrorKind::ConnectionRefused,
+                Err(_) => return false,
+            };
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(PROBE_LISTEN, stream.read(&mut byte)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
     pub async fn info(&self, timeout: Duration) -> Result<crate::model::NodeInfo> {
         let mut c = self.client();
         self.call("info", Effect::Read, timeout, c.info(proto::InfoRequest {}))
             .await
             .map(Into::into)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_addresses_come_down_to_host_and_port() {
+        assert_eq!(host_port("127.0.0.1:7777"), "127.0.0.1:7777");
+        assert_eq!(host_port("http://10.0.0.1:7777"), "10.0.0.1:7777");
+        assert_eq!(host_port("https://node-a:7777/"), "node-a:7777");
     }
 }
