@@ -145,7 +145,7 @@ fn render(command: &str, run: &churn::ChurnRun, cases: &[faults::Case]) -> Strin
         }
         let _ = writeln!(
             o,
-            "\nA node killed mid-operation answers 504 (`idempotency_outcome_unknown`, not to be replayed blindly) for gRPC calls it had received, and 502 for data-plane requests whose tunnel broke; the gateway never retries a non-idempotent call on another node. A full data directory and kube-apiserver unavailable in cluster mode have their own tests (see below)."
+            "\nA call whose connection to a node broke is 504 (`idempotency_outcome_unknown`, not to be replayed blindly) while the node still runs (a stalled node, a lost answer); when the node's port then refuses or resets a new connection, its process is gone with whatever it did, so a create goes to another node and other calls answer 503. Data-plane requests whose tunnel broke answer 502. A full data directory and kube-apiserver unavailable in cluster mode have their own tests (see below)."
         );
     }
     let _ = writeln!(o, "{END}");
