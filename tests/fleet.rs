@@ -746,39 +746,45 @@ async fn stop_node(n: &mut NodeProc) {
     .await;
 }
 
+/// Two nodes with full pools of `base`: `fuller` (6 warm, which the dispatcher picks) and
+/// `spare` (1), and a dispatcher that reads them once and does not poll again during the test,
+/// so its choice does not depend on timing.
+async fn fuller_and_spare(
+    fuller: &str,
+    claim_timeout: Duration,
+) -> (tempfile::TempDir, [NodeProc; 2], Dispatcher) {
+    let (tmp, token) = workspace();
+    let nodes = [(fuller, 6), ("spare", 1)].map(|(name, warm)| {
+        NodeProc::start(
+            name,
+            &tmp.path().join(name),
+            &token,
+            "127.0.0.1:0",
+            &["--pool", &format!("base={warm}")],
+        )
+    });
+    for (n, want) in nodes.iter().zip([6, 1]) {
+        wait_pool_full(n, want).await;
+    }
+    let cfg = sandbox_gateway::dispatch::DispatcherConfig {
+        info_interval: Duration::from_secs(600),
+        claim_timeout,
+        ..Default::default()
+    };
+    let d = Dispatcher::new(cfg, TOKEN);
+    for n in &nodes {
+        d.add_node(&n.addr).unwrap();
+    }
+    d.wait_for_nodes(2, Duration::from_secs(30)).await.unwrap();
+    (tmp, nodes, d)
+}
+
 /// A node that dies with a claim on its socket (the connection the claim went out on breaks
 /// under it) refuses connections afterwards: the claim is as good as refused and goes to
 /// another node, where it once answered "outcome unknown" (504) under CI's load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_to_a_node_that_dies_under_it_goes_to_another() {
-    let (tmp, token) = workspace();
-    let mut doomed = NodeProc::start(
-        "doomed",
-        &tmp.path().join("doomed"),
-        &token,
-        "127.0.0.1:0",
-        &["--pool", "base=6"],
-    );
-    let spare = NodeProc::start(
-        "spare",
-        &tmp.path().join("spare"),
-        &token,
-        "127.0.0.1:0",
-        &["--pool", "base=1"],
-    );
-    // The fuller pool takes the claim; the dispatcher reads the pools once.
-    for (n, want) in [(&doomed, 6), (&spare, 1)] {
-        wait_pool_full(n, want).await;
-    }
-    let cfg = sandbox_gateway::dispatch::DispatcherConfig {
-        info_interval: Duration::from_secs(600),
-        claim_timeout: Duration::from_secs(20),
-        ..Default::default()
-    };
-    let d = Dispatcher::new(cfg, TOKEN);
-    d.add_node(&doomed.addr).unwrap();
-    d.add_node(&spare.addr).unwrap();
-    d.wait_for_nodes(2, Duration::from_secs(30)).await.unwrap();
+    let (tmp, [mut doomed, spare], d) = fuller_and_spare("doomed", Duration::from_secs(20)).await;
     stop_node(&mut doomed).await;
     let claiming = d.clone();
     let claim = tokio::spawn(async move { claiming.claim(claim_req("ns", "moved", 60)).await });
@@ -804,35 +810,7 @@ async fn a_claim_to_a_node_that_dies_under_it_goes_to_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_with_an_unknown_outcome_is_not_sent_again() {
-    let (tmp, token) = workspace();
-    let mut slow = NodeProc::start(
-        "slow",
-        &tmp.path().join("slow"),
-        &token,
-        "127.0.0.1:0",
-        &["--pool", "base=6"],
-    );
-    let spare = NodeProc::start(
-        "spare",
-        &tmp.path().join("spare"),
-        &token,
-        "127.0.0.1:0",
-        &["--pool", "base=1"],
-    );
-    // Full pools first, then a dispatcher that reads them once and does not poll again during
-    // the test, so its choice does not depend on timing.
-    for (n, want) in [(&slow, 6), (&spare, 1)] {
-        wait_pool_full(n, want).await;
-    }
-    let cfg = sandbox_gateway::dispatch::DispatcherConfig {
-        info_interval: Duration::from_secs(600),
-        claim_timeout: Duration::from_millis(700),
-        ..Default::default()
-    };
-    let d = Dispatcher::new(cfg, TOKEN);
-    d.add_node(&slow.addr).unwrap();
-    d.add_node(&spare.addr).unwrap();
-    d.wait_for_nodes(2, Duration::from_secs(30)).await.unwrap();
+    let (tmp, [mut slow, spare], d) = fuller_and_spare("slow", Duration::from_millis(700)).await;
 
     // The node with more warm capacity wins both power-of-two samples; freeze it so that the
     // claim reaches its socket but gets no answer.
