@@ -779,6 +779,36 @@ async fn fuller_and_spare(
     (tmp, nodes, d)
 }
 
+/// A node that dies with a claim on its socket (the connection the claim went out on breaks
+/// under it) refuses connections afterwards: the claim is as good as refused and goes to
+/// another node, where it once answered "outcome unknown" (504) under CI's load. The check
+/// tries for up to two seconds: a kill on a loaded machine once took longer than one look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_to_a_node_that_dies_under_it_goes_to_another() {
+    let (tmp, [mut doomed, spare], d) = fuller_and_spare("doomed", Duration::from_secs(20)).await;
+    stop_node(&mut doomed).await;
+    let claiming = d.clone();
+    let claim = tokio::spawn(async move { claiming.claim(claim_req("ns", "moved", 60)).await });
+    // The claim sits in the stopped node's socket; the node dies without reading it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    doomed.proc.kill();
+    let c = claim
+        .await
+        .unwrap()
+        .expect("the claim is served by the node that is left");
+    assert_eq!(c.record.node, "spare");
+    // Its agents go down with it (their lifeline closes); its next start removes what it left.
+    let doomed_dir = doomed.sandboxes_dir();
+    eventually(
+        Duration::from_secs(10),
+        "agents of a killed node exit",
+        || processes_under(&doomed_dir).is_empty(),
+    )
+    .await;
+    doomed.restart();
+    stop_all(&tmp, d, &mut [doomed, spare]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_with_an_unknown_outcome_is_not_sent_again() {
     let (tmp, [mut slow, spare], d) = fuller_and_spare("slow", Duration::from_millis(700)).await;

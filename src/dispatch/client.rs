@@ -19,8 +19,11 @@ pub type Client = NodeClient<InterceptedService<Channel, SendFleetToken>>;
 const MAX_REPLY: usize = 256 * 1024 * 1024;
 /// How long a check that a node still listens may take to connect.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long that check watches its connection for a reset.
-const PROBE_LISTEN: Duration = Duration::from_millis(300);
+/// How long each of that check's connections is watched for a reset.
+const PROBE_LISTEN: Duration = Duration::from_millis(250);
+/// How long that check keeps trying before it takes the node to be alive: a process that
+/// is being killed on a loaded machine can take a while to close its listener.
+const PROBE_WINDOW: Duration = Duration::from_secs(2);
 
 /// Whether a call changes node state: a mutating call whose outcome is unknown must not be
 /// reported as "nothing happened".
@@ -155,21 +158,19 @@ impl NodeConn {
 
     /// Whether the node's process is gone: its port refuses a new connection, or resets one
     /// (a process that is exiting resets what its listener had not accepted), where a live
-    /// node, even a stalled one, keeps the connection open and waits for the client.
+    /// node, even a stalled one, keeps the connection open and waits for the client. Tried
+    /// again for a short while, so a kill that is still under way is seen through.
     async fn refuses_connections(&self) -> bool {
-        use tokio::io::AsyncReadExt;
         let addr = host_port(&self.address).to_string();
-        let mut stream =
-            match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return e.kind() == std::io::ErrorKind::ConnectionRefused,
-                Err(_) => return false,
-            };
-        let mut byte = [0u8; 1];
-        matches!(
-            tokio::time::timeout(PROBE_LISTEN, stream.read(&mut byte)).await,
-            Ok(Ok(0) | Err(_))
-        )
+        let deadline = tokio::time::Instant::now() + PROBE_WINDOW;
+        loop {
+            match probe_once(&addr).await {
+                Probe::Gone => return true,
+                Probe::Answered => return false,
+                Probe::Unsure if tokio::time::Instant::now() >= deadline => return false,
+                Probe::Unsure => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
     }
 
     pub async fn info(&self, timeout: Duration) -> Result<crate::model::NodeInfo> {
@@ -180,9 +181,72 @@ impl NodeConn {
     }
 }
 
+/// What one look at a node's port showed.
+#[derive(Debug, PartialEq, Eq)]
+enum Probe {
+    /// Refused or reset: no process holds the port.
+    Gone,
+    /// The node wrote to a new connection: it runs and serves.
+    Answered,
+    /// The connection stayed open and silent (a stalled node, or one still dying), or the
+    /// connect itself failed some other way.
+    Unsure,
+}
+
+async fn probe_once(addr: &str) -> Probe {
+    use tokio::io::AsyncReadExt;
+    let mut stream =
+        match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Gone,
+            _ => return Probe::Unsure,
+        };
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(PROBE_LISTEN, stream.read(&mut byte)).await {
+        Ok(Ok(0) | Err(_)) => Probe::Gone,
+        Ok(Ok(_)) => Probe::Answered,
+        Err(_) => Probe::Unsure,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_port_is_gone_only_when_refused_or_reset() {
+        // Nothing listens once the listener is dropped.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closed = l.local_addr().unwrap().to_string();
+        drop(l);
+        assert_eq!(probe_once(&closed).await, Probe::Gone);
+
+        // A listener that never accepts (a stopped process) keeps the connection silent.
+        let stalled = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = stalled.local_addr().unwrap().to_string();
+        assert_eq!(probe_once(&addr).await, Probe::Unsure);
+
+        // One that writes first (an HTTP/2 server's settings) is alive.
+        let serving = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = serving.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let (mut s, _) = serving.accept().await.unwrap();
+            s.write_all(b"x").await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+        assert_eq!(probe_once(&addr).await, Probe::Answered);
+        server.abort();
+
+        // One that closes what it accepts (an exiting process) is gone.
+        let closing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = closing.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (s, _) = closing.accept().await.unwrap();
+            drop(s);
+        });
+        assert_eq!(probe_once(&addr).await, Probe::Gone);
+    }
 
     #[test]
     fn node_addresses_come_down_to_host_and_port() {
