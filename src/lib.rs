@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod config;
+pub mod dashboard;
 pub mod dispatch;
 pub mod e2b;
 pub mod envd;

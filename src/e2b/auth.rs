@@ -256,7 +256,12 @@ impl FromRequest for Tenant {
                     .get(API_KEY_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .map(str::trim);
-                keys.authenticate(key).map_err(Into::into)
+                match (key, dashboard_session(req)) {
+                    (None, Some(session)) => session
+                        .map(|s| s.tenant)
+                        .map_err(|e| ApiError::unauthorized(e.to_string()).into()),
+                    _ => keys.authenticate(key).map_err(Into::into),
+                }
             }
             None => Err(ApiError::new(
                 actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
@@ -266,6 +271,23 @@ impl FromRequest for Tenant {
         };
         std::future::ready(outcome)
     }
+}
+
+/// The dashboard session a request without an API key comes with, if it has a cookie for one.
+fn dashboard_session(
+    req: &HttpRequest,
+) -> Option<
+    std::result::Result<crate::dashboard::sessions::Session, crate::dashboard::sessions::Refused>,
+> {
+    use crate::dashboard::sessions::{CSRF_HEADER, Sessions, from_cookie_header};
+    let sessions = req.app_data::<web::Data<Sessions>>()?;
+    let id = req
+        .headers()
+        .get_all(actix_web::http::header::COOKIE)
+        .filter_map(|v| v.to_str().ok())
+        .find_map(from_cookie_header)?;
+    let csrf = req.headers().get(CSRF_HEADER).and_then(|v| v.to_str().ok());
+    Some(sessions.call(id, csrf))
 }
 
 /// A new key in the SDKs' format: `e2b_` + 40 hex characters.

@@ -428,16 +428,19 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
         );
     }
     let metrics_data = web::Data::new(metrics.clone());
+    let sessions = web::Data::new(crate::dashboard::sessions::Sessions::default());
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
             .app_data(keys.clone())
             .app_data(metrics_data.clone())
+            .app_data(sessions.clone())
             // Before every route of the gateway's own: a request for a sandbox goes there.
             .wrap_fn(e2b::proxy::intercept())
             .wrap(e2b::json_errors())
             .wrap_fn(observe::observed(metrics.clone(), "e2b"))
             .route("/metrics", web::get().to(metrics_route))
+            .configure(crate::dashboard::configure)
             .configure(e2b::configure)
     })
     .workers(2)
@@ -565,6 +568,8 @@ fn print_e2b_exports(cfg: &ServeConfig, addr: &str) {
         println!("  export E2B_API_URL=http://{addr}");
         println!("  export E2B_SANDBOX_URL=http://{addr}");
     }
+    let scheme = if cfg.e2b_tls.is_some() { "https" } else { "http" };
+    println!("dashboard at {scheme}://{addr}/dashboard (sign in with an API key)");
 }
 
 /// Runs a bound server in the background: the address it listens on (`asked` when it cannot

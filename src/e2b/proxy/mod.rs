@@ -362,6 +362,18 @@ fn upstream_request(
         {
             continue;
         }
+        if n == "cookie" {
+            // A dashboard session is the gateway's credential too (a cookie that is not
+            // text cannot be searched for it, and goes nowhere).
+            if let Some(rest) = value
+                .to_str()
+                .ok()
+                .and_then(crate::dashboard::sessions::without_ours)
+            {
+                b = b.header(n, rest);
+            }
+            continue;
+        }
         b = b.header(n, value.as_bytes());
     }
     let original = host_of(req.head());
