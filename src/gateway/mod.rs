@@ -568,7 +568,11 @@ fn print_e2b_exports(cfg: &ServeConfig, addr: &str) {
         println!("  export E2B_API_URL=http://{addr}");
         println!("  export E2B_SANDBOX_URL=http://{addr}");
     }
-    let scheme = if cfg.e2b_tls.is_some() { "https" } else { "http" };
+    let scheme = if cfg.e2b_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     println!("dashboard at {scheme}://{addr}/dashboard (sign in with an API key)");
 }
 

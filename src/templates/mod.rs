@@ -10,6 +10,7 @@ pub mod built;
 mod code_interpreter;
 mod debian;
 mod derive;
+mod desktop;
 mod host;
 pub mod layers;
 pub mod oci;

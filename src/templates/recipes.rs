@@ -74,7 +74,7 @@ pub fn find(name: &str) -> Option<&'static Recipe> {
     RECIPES.iter().find(|r| r.name == name)
 }
 
-const RECIPES: &[Recipe] = &[super::code_interpreter::RECIPE];
+const RECIPES: &[Recipe] = &[super::code_interpreter::RECIPE, super::desktop::RECIPE];
 
 #[cfg(test)]
 mod tests {

