@@ -3,8 +3,9 @@
 //! several and `--all`, `logs` (every line one the CLI can parse; `--level`, `--loggers`,
 //! `--follow` until the sandbox ends, and the log of a killed sandbox), `exec` (output, stdin,
 //! exit code), `metrics`, `snapshot create/list/delete`, `template list`, `create --detach`,
-//! and the interactive `connect` and attached `create` through a real pty
-//! (tests/e2b/py/cli_scenarios.py).
+//! and the interactive `connect` and attached `create` through a real pty, and `template
+//! create` from a Dockerfile whose `FROM e2bdev/base` comes through the gateway's Docker Hub
+//! mirror (a registry on loopback) (tests/e2b/py/cli_scenarios.py).
 
 mod common;
 
@@ -14,7 +15,22 @@ use common::*;
 async fn the_e2b_cli_works_unmodified() {
     ensure_sdks();
     let (tmp, _) = workspace();
-    let mut gw = Gateway::start(tmp.path(), &["--pool", "base/egress=2"]);
+    // Docker Hub for `FROM e2bdev/base`: a registry on loopback that the gateway mirrors it to.
+    let image = images::make_image(&tmp.path().join("image"));
+    let hub = images::Registry::start(&tmp.path().join("hub"), None, None);
+    hub.push(&image, "e2bdev/base:latest");
+    let mirror = format!("docker.io={}", hub.addr);
+    let mut gw = Gateway::start(
+        tmp.path(),
+        &[
+            "--pool",
+            "base/egress=2",
+            "--registry-insecure",
+            &hub.addr,
+            "--registry-mirror",
+            &mirror,
+        ],
+    );
     let cli = repo().join("tests/e2b/js/node_modules/.bin/e2b");
     assert!(
         cli.exists(),
@@ -30,5 +46,6 @@ async fn the_e2b_cli_works_unmodified() {
         scenarios::pytest("2.63.0", &["cli_scenarios.py"], &[], &env, &[]);
     });
     gw.proc.terminate();
+    drop(hub);
     assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
 }
