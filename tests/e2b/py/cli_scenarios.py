@@ -236,7 +236,19 @@ def test_the_cli_builds_a_template_from_a_dockerfile(tmp_path):
     # `template list --format json` shows it; deleting it by its id takes it away.
     mine = [t for t in json.loads(cli("template", "list", "--format", "json")) if name in (t.get("aliases") or [])]
     assert len(mine) == 1, mine
-    cli("template", "delete", mine[0]["templateID"], "--yes")
+    tid = mine[0]["templateID"]
+    assert mine[0]["public"] is False
+
+    def public() -> bool:
+        return [t for t in json.loads(cli("template", "list", "--format", "json")) if t["templateID"] == tid][0][
+            "public"
+        ]
+
+    cli("template", "publish", tid, "--yes")
+    assert public() is True
+    cli("template", "unpublish", tid, "--yes")
+    assert public() is False
+    cli("template", "delete", tid, "--yes")
     assert name not in cli("template", "list")
     # A Dockerfile whose step fails: the CLI fails and says which step.
     (tmp_path / "bad.Dockerfile").write_text("FROM e2bdev/base\nRUN exit 7\n")
