@@ -1,6 +1,7 @@
-//! Computer-use sandboxes: the `desktop` template with the unmodified `e2b_desktop` 2.7.2, in
-//! the domain mode (its stream URL is `https://6080-<id>.<domain>/vnc.html`), and the stream
-//! opened in Debian's headless chromium. tests/e2b/py/desktop_scenarios.py says what each
+//! Computer-use sandboxes: the `desktop` template with the unmodified `e2b_desktop` 2.7.2 and
+//! `@e2b/desktop` 2.4.0, in the domain mode (the stream's URL is
+//! `https://6080-<id>.<domain>/vnc.html`), and the stream opened in Debian's headless
+//! chromium. tests/e2b/py/desktop_scenarios.py and tests/e2b/js/desktop.mjs say what each
 //! scenario shows.
 
 mod common;
@@ -42,6 +43,10 @@ async fn e2b_desktop_works_unmodified() {
             &env,
             &[],
         );
+        // Node 20 has WebSocket behind a flag; the scenario uses it for noVNC's bridge.
+        let mut js_env = gw.sdk_env();
+        js_env.push(("NODE_OPTIONS", "--experimental-websocket".to_string()));
+        scenarios::node("js @e2b/desktop 2.4.0", "desktop.mjs", true, &js_env, &[]);
     });
     gw.proc.terminate();
     assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;
