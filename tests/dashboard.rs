@@ -23,6 +23,10 @@ async fn the_dashboard_works_in_a_real_browser() {
         ("E2B_SANDBOX_URL", gw.url.clone()),
         ("DASHBOARD_FLEET_TOKEN", fleet_token),
         (
+            "DASHBOARD_KEYS_FILE",
+            tmp.path().join("api-keys").display().to_string(),
+        ),
+        (
             "DASHBOARD_SCREENSHOTS",
             repo()
                 .join("target/dashboard-screenshots")

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
 use crate::e2b::E2b;
-use crate::e2b::auth::{ADMIN, ApiKeys, Tenant};
+use crate::e2b::auth::{ApiKeys, Tenant};
 use crate::e2b::error::{ApiError, ApiResult};
 use sessions::{Session, Sessions};
 
@@ -23,7 +23,8 @@ const STYLE_CSS: &str = include_str!("assets/style.css");
 /// Only our own files, no inline script, no framing: a page that shows what sandboxes print
 /// must not run any of it.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; \
+                   require-trusted-types-for 'script'";
 
 #[derive(Template)]
 #[template(path = "login.html")]
@@ -72,6 +73,10 @@ fn guard_headers(h: &mut actix_web::http::header::HeaderMap) {
         HeaderValue::from_static("same-origin"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::HeaderName::from_static("cross-origin-opener-policy"),
+        HeaderValue::from_static("same-origin"),
+    );
 }
 
 fn render(t: &impl Template) -> ApiResult<String> {
@@ -83,13 +88,16 @@ fn render(t: &impl Template) -> ApiResult<String> {
     })
 }
 
-/// The session the browser's cookie names, if it is live.
+/// The session the browser's cookie names, if it is live (and named once).
 fn session_of(req: &HttpRequest, sessions: &Sessions) -> Option<(String, Session)> {
-    let id = req
+    let cookies = req
         .headers()
         .get_all(header::COOKIE)
-        .filter_map(|v| v.to_str().ok())
-        .find_map(sessions::from_cookie_header)?;
+        .filter_map(|v| v.to_str().ok());
+    let id =
+        sessions::from_cookie_headers(cookies, sessions::cookie_name(req.app_config().secure()))
+            .ok()
+            .flatten()?;
     sessions.page(id).map(|s| (id.to_string(), s))
 }
 
@@ -106,17 +114,22 @@ async fn index(req: HttpRequest, sessions: web::Data<Sessions>) -> ApiResult<Htt
     Ok(page(actix_web::http::StatusCode::OK, html))
 }
 
-/// A login posted from another site's page is refused: the browser names the page's origin.
+/// A login posted from another page than ours is refused: the browser names the page's origin
+/// (scheme and host), or at least says whether it was the same origin. A sandbox's page on a
+/// sibling host is another origin, though the same site.
 fn same_origin(req: &HttpRequest) -> bool {
-    let Some(origin) = req.headers().get(header::ORIGIN) else {
+    let h = req.headers();
+    if let Some(site) = h.get("sec-fetch-site").and_then(|v| v.to_str().ok())
+        && !matches!(site, "same-origin" | "none")
+    {
+        return false;
+    }
+    let Some(origin) = h.get(header::ORIGIN) else {
         return true;
     };
-    let host = req.connection_info().host().to_string();
-    origin
-        .to_str()
-        .ok()
-        .and_then(|o| o.split_once("://"))
-        .is_some_and(|(_, rest)| rest == host)
+    let info = req.connection_info();
+    let ours = format!("{}://{}", info.scheme(), info.host());
+    origin.to_str().is_ok_and(|o| o.eq_ignore_ascii_case(&ours))
 }
 
 async fn login(
@@ -139,8 +152,9 @@ async fn login(
     let fleet_token = e2b.dispatcher.fleet_token();
     let fleet = !key.is_empty() && bool::from(key.as_bytes().ct_eq(fleet_token.as_bytes()));
     let tenant = if fleet {
+        // As an admin key without a namespace of its own: what it creates goes to `default`.
         Tenant {
-            namespace: ADMIN.to_string(),
+            namespace: crate::model::DEFAULT_NAMESPACE.to_string(),
             admin: true,
         }
     } else if key.is_empty() {
@@ -160,7 +174,7 @@ async fn login(
             }
         }
     };
-    let (id, session) = sessions.start(tenant, fleet);
+    let (id, session) = sessions.start(tenant, fleet, crate::e2b::auth::digest(key));
     tracing::info!(namespace = %session.tenant.namespace, fleet, "dashboard sign-in");
     let mut res = HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/dashboard"))
@@ -180,7 +194,7 @@ async fn logout(req: HttpRequest, sessions: web::Data<Sessions>) -> ApiResult<Ht
             .get(sessions::CSRF_HEADER)
             .and_then(|v| v.to_str().ok());
         sessions
-            .call(&id, csrf)
+            .call(&id, csrf, |_| true)
             .map_err(|e| ApiError::unauthorized(e.to_string()))?;
         sessions.end(&id);
         tracing::info!(namespace = %s.tenant.namespace, "dashboard sign-out");

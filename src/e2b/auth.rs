@@ -41,7 +41,8 @@ struct Entry {
     tenant: Tenant,
 }
 
-fn digest(key: &str) -> [u8; 32] {
+/// SHA-256 of a key: how keys are stored and compared (and what a dashboard session keeps).
+pub fn digest(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
@@ -185,13 +186,22 @@ impl ApiKeys {
         self.len() == 0
     }
 
+    /// Whether the key with digest `d` is (still) in the key file.
+    pub fn holds(&self, d: &[u8; 32]) -> bool {
+        self.refresh();
+        self.find_digest(d).is_some()
+    }
+
     fn find(&self, key: &str) -> Option<Tenant> {
-        let d = digest(key);
+        self.find_digest(&digest(key))
+    }
+
+    fn find_digest(&self, d: &[u8; 32]) -> Option<Tenant> {
         let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
         // Every entry is compared, in constant time, whatever matches.
         let mut found = None;
         for e in entries.iter() {
-            if bool::from(e.digest.ct_eq(&d)) {
+            if bool::from(e.digest.ct_eq(d)) {
                 found = Some(e.tenant.clone());
             }
         }
@@ -224,9 +234,8 @@ impl ApiKeys {
 
     pub fn authenticate(&self, key: Option<&str>) -> std::result::Result<Tenant, ApiError> {
         if let Some(key) = key {
-            if let Some(t) = self.find(key) {
-                return Ok(t);
-            }
+            // A key taken out of the file stops working within a reload interval (the check
+            // is a clock read while the interval runs, and a stat after it).
             self.refresh();
             if let Some(t) = self.find(key) {
                 return Ok(t);
@@ -256,7 +265,7 @@ impl FromRequest for Tenant {
                     .get(API_KEY_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .map(str::trim);
-                match (key, dashboard_session(req)) {
+                match (key, dashboard_session(req, keys)) {
                     (None, Some(session)) => session
                         .map(|s| s.tenant)
                         .map_err(|e| ApiError::unauthorized(e.to_string()).into()),
@@ -273,21 +282,39 @@ impl FromRequest for Tenant {
     }
 }
 
-/// The dashboard session a request without an API key comes with, if it has a cookie for one.
+/// The dashboard session a request without an API key comes with, if it has a cookie for one;
+/// refused when the key it signed in with has left the key file (or the fleet token changed).
 fn dashboard_session(
     req: &HttpRequest,
+    keys: &ApiKeys,
 ) -> Option<
     std::result::Result<crate::dashboard::sessions::Session, crate::dashboard::sessions::Refused>,
 > {
-    use crate::dashboard::sessions::{CSRF_HEADER, Sessions, from_cookie_header};
+    use crate::dashboard::sessions::{self, CSRF_HEADER, Sessions};
     let sessions = req.app_data::<web::Data<Sessions>>()?;
-    let id = req
+    let cookies = req
         .headers()
         .get_all(actix_web::http::header::COOKIE)
-        .filter_map(|v| v.to_str().ok())
-        .find_map(from_cookie_header)?;
+        .filter_map(|v| v.to_str().ok());
+    let id = match sessions::from_cookie_headers(
+        cookies,
+        sessions::cookie_name(req.app_config().secure()),
+    ) {
+        Ok(Some(id)) => id,
+        Ok(None) => return None,
+        Err(refused) => return Some(Err(refused)),
+    };
     let csrf = req.headers().get(CSRF_HEADER).and_then(|v| v.to_str().ok());
-    Some(sessions.call(id, csrf))
+    let fleet = req
+        .app_data::<web::Data<super::E2b>>()
+        .map(|e2b| digest(e2b.dispatcher.fleet_token()));
+    Some(sessions.call(id, csrf, |s| {
+        if s.fleet {
+            fleet.is_some_and(|f| bool::from(f.ct_eq(&s.key)))
+        } else {
+            keys.holds(&s.key)
+        }
+    }))
 }
 
 /// A new key in the SDKs' format: `e2b_` + 40 hex characters.
@@ -388,5 +415,37 @@ mod tests {
             anon.authenticate(Some("anything")).unwrap().namespace,
             "default"
         );
+    }
+
+    #[test]
+    fn a_key_taken_out_of_the_file_stops_working() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("keys");
+        std::fs::write(
+            &p,
+            "kept team-a
+going team-b
+",
+        )
+        .unwrap();
+        let keys = ApiKeys::new(Some(p.clone()), false).unwrap();
+        assert!(keys.authenticate(Some("going")).is_ok());
+        assert!(keys.holds(&digest("going")));
+        std::fs::write(
+            &p,
+            "kept team-a
+",
+        )
+        .unwrap();
+        std::thread::sleep(RELOAD_EVERY + Duration::from_millis(100));
+        assert_eq!(
+            keys.authenticate(Some("going"))
+                .unwrap_err()
+                .status
+                .as_u16(),
+            401
+        );
+        assert!(!keys.holds(&digest("going")));
+        assert!(keys.holds(&digest("kept")) && keys.authenticate(Some("kept")).is_ok());
     }
 }

@@ -10,6 +10,9 @@ const LIST_EVERY = 400;
 const METRICS_EVERY = 2000;
 const LOGS_EVERY = 1000;
 const SPARK_POINTS = 30;
+// What the page keeps of a log, and the largest message it takes from a sandbox's envd.
+const MAX_LOG_LINES = 5000;
+const MAX_FRAME = 4 << 20;
 
 class ApiError extends Error {
   constructor(status, message) {
@@ -276,13 +279,20 @@ async function followLogs() {
     if (d !== detail) return;
     const pre = document.getElementById("logs");
     for (const e of got.logs || []) {
+      // The cursor asks again from the newest entry's millisecond: what was shown at that
+      // millisecond is remembered, and only that.
+      const at = new Date(e.timestamp).getTime();
       const key = `${e.timestamp}|${e.message}`;
-      if (d.seen.has(key)) continue;
+      if (at === d.cursor && d.seen.has(key)) continue;
+      if (at !== d.cursor) {
+        d.cursor = Math.max(d.cursor || 0, at);
+        d.seen = new Set();
+      }
       d.seen.add(key);
       const fields = Object.entries(e.fields || {}).map(([k, v]) => ` ${k}=${v}`).join("");
       pre.append(el("div", { class: `log ${e.level}` }, `${e.timestamp} ${e.level} ${e.message}${fields}`));
-      d.cursor = Math.max(d.cursor || 0, new Date(e.timestamp).getTime());
     }
+    while (pre.childElementCount > MAX_LOG_LINES) pre.firstElementChild.remove();
     pre.scrollTop = pre.scrollHeight;
   } catch (e) {
     if (d === detail && e.status !== 401) {
@@ -367,6 +377,7 @@ class Terminal {
       while (buf.length >= 5) {
         const flags = buf[0];
         const len = new DataView(buf.buffer, buf.byteOffset + 1, 4).getUint32(0);
+        if (len > MAX_FRAME) throw new Error(`the sandbox sent a message of ${len} bytes`);
         if (buf.length < 5 + len) break;
         const msg = JSON.parse(new TextDecoder().decode(buf.subarray(5, 5 + len)));
         buf = buf.slice(5 + len);

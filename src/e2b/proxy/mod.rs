@@ -395,14 +395,37 @@ fn upstream_request(
     b.body(body).map_err(|e| e.to_string())
 }
 
+/// Whose origin a sandbox's answer reaches the browser on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// Its own host (`{port}-{id}.{domain}`): its cookies are its own business, except one
+    /// that would pass for the dashboard's session (set for the parent domain).
+    Own,
+    /// The gateway's (addressed by the `E2b-Sandbox-Id` header): it must not set cookies
+    /// there, nor clear the gateway's site data.
+    Gateway,
+}
+
 fn copy_headers(
     from: &hyper::HeaderMap,
     to: &mut actix_web::HttpResponseBuilder,
     keep_upgrade: bool,
+    origin: Origin,
 ) {
     for (name, value) in from {
         let n = name.as_str();
         if HOP_BY_HOP.contains(&n) && !(keep_upgrade && (n == "upgrade" || n == "connection")) {
+            continue;
+        }
+        let refused = match n {
+            "set-cookie" => {
+                origin == Origin::Gateway
+                    || crate::dashboard::sessions::names_ours(value.as_bytes())
+            }
+            "clear-site-data" => origin == Origin::Gateway,
+            _ => false,
+        };
+        if refused {
             continue;
         }
         if n == "content-length" {
@@ -540,21 +563,32 @@ pub async fn forward(req: HttpRequest, payload: web::Payload, e2b: web::Data<E2b
         Ok(r) => r,
         Err(e) => return tunnel_failure(e, &target, &e2b.proxy),
     };
+    let origin = if req.headers().contains_key(target::ID_HEADER) {
+        Origin::Gateway
+    } else {
+        Origin::Own
+    };
     if upgrade && resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
-        return switch_protocols(resp, payload, counted).await;
+        return switch_protocols(resp, payload, counted, origin).await;
     }
-    respond(resp, req.method() == actix_web::http::Method::HEAD, counted)
+    respond(
+        resp,
+        req.method() == actix_web::http::Method::HEAD,
+        counted,
+        origin,
+    )
 }
 
 fn respond(
     resp: hyper::Response<hyper::body::Incoming>,
     head: bool,
     counted: ByteCounters,
+    origin: Origin,
 ) -> HttpResponse {
     let status = actix_web::http::StatusCode::from_u16(resp.status().as_u16())
         .unwrap_or(actix_web::http::StatusCode::BAD_GATEWAY);
     let mut b = HttpResponse::build(status);
-    copy_headers(resp.headers(), &mut b, false);
+    copy_headers(resp.headers(), &mut b, false, origin);
     let length = resp
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
@@ -586,6 +620,7 @@ async fn switch_protocols(
     mut resp: hyper::Response<hyper::body::Incoming>,
     payload: Option<web::Payload>,
     counted: ByteCounters,
+    origin: Origin,
 ) -> HttpResponse {
     let mut b = HttpResponse::SwitchingProtocols();
     let upgrade = resp
@@ -594,7 +629,7 @@ async fn switch_protocols(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("websocket")
         .to_string();
-    copy_headers(resp.headers(), &mut b, false);
+    copy_headers(resp.headers(), &mut b, false, origin);
     b.upgrade(upgrade);
     let upgraded = match hyper::upgrade::on(&mut resp).await {
         Ok(u) => u,

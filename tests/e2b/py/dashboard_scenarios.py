@@ -13,6 +13,8 @@ session. Screenshots go to $DASHBOARD_SCREENSHOTS.
 import json
 import os
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -179,6 +181,11 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = (self.headers.get("cookie") or "").encode()
         self.send_response(200)
+        # A hostile sandbox tries to plant a session of its choosing, to fill the browser's
+        # cookie jar for the gateway, and to sign the user out.
+        self.send_header("set-cookie", "sgw_session=planted; Path=/dashboard")
+        self.send_header("set-cookie", "bomb=" + "x" * 3000 + "; Path=/")
+        self.send_header("clear-site-data", '"cookies"')
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -206,6 +213,10 @@ def test_the_data_plane_keeps_the_session_from_the_sandbox(browser):
         assert seen is not None, "the sandbox's server never answered"
         assert "theirs=kept" in seen, seen
         assert "sgw_session" not in seen, seen
+        # What it answered set no cookie on the gateway's origin and cleared nothing.
+        names = sorted(c["name"] for c in context.cookies())
+        assert names == ["sgw_session", "theirs"], names
+        assert csrf_fetch(page, "/v2/sandboxes") == 200
     finally:
         sbx.kill()
         context.close()
@@ -250,11 +261,55 @@ def test_the_fleet_view_and_signing_out(browser):
     page.click("#logout")
     expect(page.locator("#key")).to_be_visible()
     # The ended session is no credential any more, even replayed with its token.
-    req = urllib.request.Request(
-        f"{API}/v2/sandboxes",
-        headers={"cookie": f"sgw_session={cookie}", "x-dashboard-csrf": csrf},
-    )
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(req, timeout=10)
-    assert refused.value.code == 401
+    assert session_status(cookie, csrf) == 401
     context.close()
+
+
+def test_a_sign_in_from_another_origin_is_refused():
+    for headers in (
+        {"origin": "http://evil.test"},
+        {"origin": API.replace("http://", "https://")},  # another scheme is another origin
+        {"sec-fetch-site": "same-site"},  # a sandbox's page on a sibling host
+    ):
+        req = urllib.request.Request(
+            f"{API}/dashboard/login",
+            data=urllib.parse.urlencode({"key": KEY}).encode(),
+            headers={"content-type": "application/x-www-form-urlencoded", **headers},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 403, headers
+        assert refused.value.headers.get("set-cookie") is None, headers
+
+
+def session_status(cookie, csrf):
+    """Status of a list call made with a session's cookie and CSRF token, outside the page."""
+    req = urllib.request.Request(
+        f"{API}/v2/sandboxes", headers={"cookie": f"sgw_session={cookie}", "x-dashboard-csrf": csrf}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as res:
+            return res.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_key_taken_out_of_the_key_file_ends_its_sessions(browser):
+    keys = Path(os.environ["DASHBOARD_KEYS_FILE"])
+    before = keys.read_text()
+    temporary = "e2b_" + uuid.uuid4().hex + "00000000"
+    keys.write_text(before + f"{temporary} team-c\n")
+    try:
+        context, page = signed_in(browser, temporary)
+        expect(page.locator("#namespace")).to_have_text("team-c")
+        cookie = [c for c in context.cookies() if c["name"] == "sgw_session"][0]["value"]
+        csrf = page.evaluate("document.querySelector('meta[name=\"dashboard-csrf\"]').content")
+        context.close()
+        assert session_status(cookie, csrf) == 200
+    finally:
+        keys.write_text(before)
+    # The gateway re-reads the key file every couple of seconds.
+    deadline = time.monotonic() + 10
+    while session_status(cookie, csrf) != 401:
+        assert time.monotonic() < deadline, "the session outlived its key"
+        time.sleep(0.5)
