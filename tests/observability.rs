@@ -4,7 +4,10 @@
 //! and not on the others), and parses every PromQL expression of the dashboard; every metric
 //! they name must be exported by a live gateway (with its embedded node) after real creates,
 //! commands and kills, and a standalone node serves its own on its data-plane listener. The
-//! dashboard's layout is checked too (ids, grid, data source, variables).
+//! dashboard's layout is checked too (ids, grid, data source, variables), and the dashboard is
+//! type-checked against Grafana's own schema: the TypeScript types `@grafana/schema` 13.2.3
+//! generates from Grafana's CUE schema, with TypeScript's compiler (both from npm, in
+//! tests/e2b/js), so an unknown field or a wrong type fails.
 
 mod common;
 
@@ -344,6 +347,67 @@ async fn a_node_serves_its_metrics_on_its_data_plane() {
     // Anything else on the data plane is still refused as before.
     let other = reqwest::get(format!("http://{}/", node.data_addr)).await;
     assert!(other.map(|r| r.status() == 400).unwrap_or(true));
+}
+
+/// Type-checks `dashboard` as Grafana's `Dashboard` type; the compiler's complaints on failure.
+fn grafana_typecheck(dashboard: &Value, dir: &Path) -> Result<(), String> {
+    let js = repo().join("tests/e2b/js");
+    // An object literal, not an imported JSON file: literal types and excess-property checks
+    // then apply as they would to a dashboard written in TypeScript.
+    let source = format!(
+        "import type {{ Dashboard }} from '@grafana/schema';\nexport const dashboard: Dashboard = {};\n",
+        serde_json::to_string_pretty(dashboard).unwrap()
+    );
+    let file = dir.join("dashboard.ts");
+    std::fs::write(&file, source).unwrap();
+    let out = Command::new(js.join("node_modules/.bin/tsc"))
+        .args([
+            "--noEmit",
+            "--strict",
+            "--skipLibCheck",
+            "--module",
+            "esnext",
+            "--moduleResolution",
+            "bundler",
+            "--target",
+            "es2022",
+            "--typeRoots",
+            "[]",
+            "--baseUrl",
+        ])
+        .arg(js.join("node_modules"))
+        .arg(&file)
+        .output()
+        .expect("tsc runs (tests/e2b/setup.sh installs it)");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+#[test]
+fn the_dashboard_is_a_grafana_dashboard_by_grafanas_schema() {
+    ensure_sdks();
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dashboard();
+    grafana_typecheck(&d, tmp.path()).unwrap_or_else(|e| panic!("{e}"));
+    // The check can fail: a misspelt panel field, a grid position of the wrong type.
+    let mut misspelt = d.clone();
+    misspelt["panels"][0]["titel"] = json!("x");
+    let e = grafana_typecheck(&misspelt, tmp.path()).unwrap_err();
+    assert!(e.contains("titel"), "{e}");
+    let mut mistyped = d;
+    mistyped["panels"][0]["gridPos"]["h"] = json!("8");
+    let e = grafana_typecheck(&mistyped, tmp.path()).unwrap_err();
+    assert!(
+        e.contains("gridPos") || e.contains("'string' is not assignable"),
+        "{e}"
+    );
 }
 
 #[test]

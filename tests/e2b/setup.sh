@@ -16,7 +16,8 @@
 #                            and pytest (the dashboard in a real headless browser,
 #                            tests/dashboard.rs; computer use, tests/desktop.rs)
 #   tests/e2b/js/node_modules from package-lock.json (e2b@2.51.0, @e2b/code-interpreter@2.8.0,
-#                            @e2b/desktop@2.4.0,
+#                            @e2b/desktop@2.4.0, typescript@5.9.3 and @grafana/schema@13.2.3
+#                            for the Grafana dashboard's type check,
 #                            @e2b/cli@2.19.0, the `e2b` command)
 # Idempotent: work already done is skipped. Quiet on success; on failure the captured output
 # of the failing step is printed.
