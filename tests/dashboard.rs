@@ -16,8 +16,6 @@ async fn the_dashboard_works_in_a_real_browser() {
         .expect("the gateway's fleet token")
         .trim()
         .to_string();
-    let python = sdk_dir().join("py-browser/bin/python");
-    let tests = repo().join("tests/e2b/py/dashboard_scenarios.py");
     let env = vec![
         ("E2B_API_URL", gw.url.clone()),
         ("E2B_SANDBOX_URL", gw.url.clone()),
@@ -35,22 +33,7 @@ async fn the_dashboard_works_in_a_real_browser() {
         ),
     ];
     tokio::task::block_in_place(|| {
-        scenarios::run(
-            "dashboard in chromium",
-            &python,
-            &[
-                "-m",
-                "pytest",
-                "-q",
-                "-rs",
-                "-s",
-                "-p",
-                "no:cacheprovider",
-                &tests.display().to_string(),
-            ],
-            &env,
-            &[],
-        );
+        scenarios::pytest_in("py-browser", &["dashboard_scenarios.py"], &[], &env, &[]);
     });
     gw.proc.terminate();
     assert_no_leaks(tmp.path(), &[gw.data.join("node/sandboxes")]).await;

@@ -23,23 +23,11 @@ async fn e2b_desktop_works_unmodified() {
             .display()
             .to_string(),
     ));
-    let python = sdk_dir().join("py-browser/bin/python");
-    let tests = repo().join("tests/e2b/py/desktop_scenarios.py");
     tokio::task::block_in_place(|| {
-        scenarios::run(
-            "e2b_desktop 2.7.2",
-            &python,
-            &[
-                "-m",
-                "pytest",
-                "-q",
-                "-rs",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "resolve_override",
-                &tests.display().to_string(),
-            ],
+        scenarios::pytest_in(
+            "py-browser",
+            &["desktop_scenarios.py"],
+            &["resolve_override"],
             &env,
             &[],
         );

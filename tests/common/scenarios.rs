@@ -55,7 +55,18 @@ pub fn pytest(
     env: &[(&str, String)],
     allowed_skips: &[&str],
 ) {
-    let py = sdk_dir().join(format!("py-{version}/bin/python"));
+    pytest_in(&format!("py-{version}"), files, plugins, env, allowed_skips);
+}
+
+/// Runs pytest files of tests/e2b/py in the venv `venv` of the SDK directory.
+pub fn pytest_in(
+    venv: &str,
+    files: &[&str],
+    plugins: &[&str],
+    env: &[(&str, String)],
+    allowed_skips: &[&str],
+) {
+    let py = sdk_dir().join(venv).join("bin/python");
     let mut args = vec!["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"];
     for p in plugins {
         args.extend(["-p", p]);
@@ -66,7 +77,7 @@ pub fn pytest(
         .collect();
     args.extend(files.iter().map(String::as_str));
     run(
-        &format!("python e2b {version} {files:?}"),
+        &format!("python {venv} {files:?}"),
         &py,
         &args,
         env,
