@@ -44,6 +44,14 @@ def rest(method, path, key=KEY, body=None):
         return json.loads(text) if text else None
 
 
+def rest_status(method, path, key):
+    try:
+        rest(method, path, key)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 @pytest.fixture(scope="module")
 def browser():
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -300,6 +308,11 @@ def test_a_key_taken_out_of_the_key_file_ends_its_sessions(browser):
     temporary = "e2b_" + uuid.uuid4().hex + "00000000"
     keys.write_text(before + f"{temporary} team-c\n")
     try:
+        # The gateway re-reads the key file every couple of seconds: wait until it takes the key.
+        deadline = time.monotonic() + 10
+        while rest_status("GET", "/v2/sandboxes", temporary) != 200:
+            assert time.monotonic() < deadline, "the new key was never taken"
+            time.sleep(0.3)
         context, page = signed_in(browser, temporary)
         expect(page.locator("#namespace")).to_have_text("team-c")
         cookie = [c for c in context.cookies() if c["name"] == "sgw_session"][0]["value"]
