@@ -64,6 +64,36 @@ async fn nothing_of_the_host_or_other_sandboxes_is_reachable() {
         "sandbox root maps to host uid 1000000000"
     );
 
+    // The agent's socket: an abstract name of the sandbox's own network namespace, which the
+    // node dialled for the command that looks (a connected entry beside the listener), and
+    // which nothing in the host's namespace reaches.
+    let unix = a.run("grep sandbox-gateway-envd /proc/net/unix");
+    let states: Vec<&str> = unix
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .collect();
+    assert!(
+        states.contains(&"01"),
+        "envd listens on its socket: {unix:?}"
+    );
+    assert!(
+        states.contains(&"03"),
+        "the node reached envd on its socket: {unix:?}"
+    );
+    {
+        use std::os::linux::net::SocketAddrExt;
+        let name = std::os::unix::net::SocketAddr::from_abstract_name(
+            sandbox_gateway::sandbox::spec::ENVD_ABSTRACT_SOCKET,
+        )
+        .unwrap();
+        let from_host = std::os::unix::net::UnixStream::connect_addr(&name);
+        assert!(
+            from_host.is_err(),
+            "a sandbox's agent socket is reachable from the host's namespace"
+        );
+    }
+
     // Host files.
     let host = a.run(&format!(
         "cat {} 2>&1; ls /work /root/.cargo 2>&1; cat /proc/1/cmdline | tr '\\0' ' '",

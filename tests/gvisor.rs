@@ -197,17 +197,33 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
         "a checkpoint on the node's disk while paused"
     );
     let image = &images[0];
-    let sandbox_processes = processes_under(&node.sandboxes_dir())
-        .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.starts_with(b"runsc-sandbox"))
-        })
-        .count();
-    // The other running sandbox is the warm one the pool refilled.
+    // The paused sandbox's own runsc process ends (the node finishes its teardown after it
+    // answers); the pool's refill may run another sandbox meanwhile.
+    let instance = image
+        .parent()
+        .and_then(|i| i.file_name())
+        .map(|i| i.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let paused_processes = || -> Vec<String> {
+        processes_under(&node.sandboxes_dir())
+            .into_iter()
+            .filter_map(|p| {
+                let c = std::fs::read(format!("/proc/{p}/cmdline")).ok()?;
+                let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                (c.starts_with("runsc-sandbox") && c.contains(&instance)).then_some(c)
+            })
+            .collect()
+    };
+    let settled = tokio::time::timeout(Duration::from_secs(10), async {
+        while !paused_processes().is_empty() {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    })
+    .await;
     assert!(
-        sandbox_processes <= 1,
-        "the paused sandbox runs no process: {sandbox_processes}"
+        settled.is_ok(),
+        "the paused sandbox runs no process: {:#?}",
+        paused_processes()
     );
     assert!(
         image.join("checkpoint.img").exists(),

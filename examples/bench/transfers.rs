@@ -233,8 +233,9 @@ pub fn render(o: &mut String, t: &Transfers) {
          `GET /files?path=` of the file just written, read to the end and counted; both over \
          one keep-alive HTTP/1.1 connection, (a) through the gateway (`E2b-Sandbox-Id` \
          headers and the envdAccessToken; the gateway asks its embedded node for a tunnel by a \
-         call, the node dials into the sandbox, and the gateway streams over it) and (b) directly to the agent (a socket in the sandbox's \
-         network namespace). The raw copy is the same bytes written to one loopback TCP socket \
+         call, the node dials the agent's abstract Unix socket in the sandbox's network \
+         namespace, and the gateway streams over it) and (b) directly to the agent (a TCP \
+         socket to its port, made in the sandbox's network namespace). The raw copy is the same bytes written to one loopback TCP socket \
          and read from its peer, both in the bench. Median of {} runs after one uncounted run \
          each; throughput is size / time from sending the request to the end of the answer.\n",
         t.disk_mib, t.mib, t.mib, t.runs

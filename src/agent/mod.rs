@@ -4,10 +4,12 @@
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
 
-use crate::envd::EnvdConfig;
+use crate::envd::{EnvdConfig, Listener};
 use crate::model::{Error, Result};
-use crate::sandbox::spec::{BootSpec, ENVD_PORT};
+use crate::sandbox::spec::{BootSpec, ENVD_ABSTRACT_SOCKET, ENVD_PORT};
 
 /// The envd protocol version the e2b surface announces for sandboxes: the one the agent's
 /// envd server implements (the SDKs gate client-side features on it).
@@ -20,11 +22,14 @@ fn bind(addr: &str) -> Result<TcpListener> {
     Ok(l)
 }
 
-/// Serves envd on `listener`, printing `ready` once it accepts connections (the node waits
+/// Serves envd on `listeners`, printing `ready` once it accepts connections (the node waits
 /// for that line before it counts the sandbox as warm).
-fn serve(listener: TcpListener, cfg: EnvdConfig) -> Result<()> {
-    let addr = listener.local_addr().ok();
-    crate::envd::run(listener, cfg, move || {
+fn serve(listeners: Vec<Listener>, cfg: EnvdConfig) -> Result<()> {
+    let addr = listeners.iter().find_map(|l| match l {
+        Listener::Tcp(t) => t.local_addr().ok(),
+        Listener::Unix(_) => None,
+    });
+    crate::envd::run(listeners, cfg, move || {
         let mut out = std::io::stdout();
         let _ = out.write_all(b"ready\n").and_then(|_| out.flush());
         tracing::debug!(?addr, "agent ready");
@@ -33,11 +38,15 @@ fn serve(listener: TcpListener, cfg: EnvdConfig) -> Result<()> {
 
 /// `sandbox-gateway agent --listen ADDR`: envd outside any sandbox.
 pub fn run(listen: &str, cfg: EnvdConfig) -> Result<()> {
-    serve(bind(listen)?, cfg)
+    serve(vec![bind(listen)?.into()], cfg)
 }
 
 /// The agent inside a sandbox: envd on its port, on every address of the sandbox's own
-/// network namespace, with the sandbox's size as its totals. Returns the exit code.
+/// network namespace, and on an abstract Unix socket of that namespace, which the node dials
+/// (it moves bytes at about twice the rate of loopback TCP here, and the proxy's transfers
+/// cross it; PERFORMANCE.md, "Transfers"). Abstract names belong to the network namespace,
+/// so only the sandbox and a socket made in its namespace reach it, as with the port. The
+/// sandbox's size is envd's totals. Returns the exit code.
 pub fn serve_in_sandbox(spec: &BootSpec) -> i32 {
     // Not dumpable: the sandbox's own root cannot attach to the agent or read its memory.
     // SAFETY: plain prctl.
@@ -49,7 +58,15 @@ pub fn serve_in_sandbox(spec: &BootSpec) -> i32 {
         envs_file: Some(crate::interpreter::envs::SANDBOX_ENVS_FILE.into()),
         ..Default::default()
     };
-    match bind(&format!("0.0.0.0:{ENVD_PORT}")).and_then(|l| serve(l, cfg)) {
+    let listeners = bind(&format!("0.0.0.0:{ENVD_PORT}")).and_then(|tcp| {
+        let unix = UnixListener::bind_addr(
+            &SocketAddr::from_abstract_name(ENVD_ABSTRACT_SOCKET)
+                .map_err(|e| Error::io("naming envd's socket", e))?,
+        )
+        .map_err(|e| Error::io("binding envd's socket", e))?;
+        Ok(vec![tcp.into(), Listener::Unix(unix)])
+    });
+    match listeners.and_then(|l| serve(l, cfg)) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("agent: {e}");

@@ -65,7 +65,8 @@ pub struct EnvdConfig {
 pub enum Listener {
     Tcp(std::net::TcpListener),
     /// A Unix socket: what a gVisor sandbox's door reaches (gVisor cannot checkpoint a TCP
-    /// listener that an epoll instance watches, and envd's runtime uses epoll).
+    /// listener that an epoll instance watches, and envd's runtime uses epoll), and, beside
+    /// the TCP port, what the node dials in a built-in sandbox (see `agent`).
     Unix(std::os::unix::net::UnixListener),
 }
 
@@ -75,11 +76,11 @@ impl From<std::net::TcpListener> for Listener {
     }
 }
 
-/// Serves envd on an already-bound listener until the process ends. Builds its own tokio
-/// runtime (the caller is a freshly forked, single-threaded process); calls `on_ready` once
-/// it accepts connections.
+/// Serves envd on already-bound listeners (the same server on each) until the process ends.
+/// Builds its own tokio runtime (the caller is a freshly forked, single-threaded process);
+/// calls `on_ready` once it accepts connections.
 pub fn run(
-    listener: impl Into<Listener>,
+    listeners: Vec<Listener>,
     cfg: EnvdConfig,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<()> {
@@ -92,7 +93,7 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| Error::io("starting the envd runtime", e))?;
-    rt.block_on(serve(listener.into(), cfg, on_ready))
+    rt.block_on(serve(listeners, cfg, on_ready))
 }
 
 /// Makes `n` blocking threads exist at once (each waits for the others), so they stay idle.
@@ -112,7 +113,7 @@ async fn prewarm_blocking(n: usize) {
 }
 
 async fn serve(
-    listener: Listener,
+    listeners: Vec<Listener>,
     cfg: EnvdConfig,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<()> {
@@ -121,26 +122,31 @@ async fn serve(
     let app = http::router(Arc::new(state::Envd::new(cfg)));
     let configure = |e| Error::io("configuring the envd listener", e);
     let register = |e| Error::io("registering the envd listener", e);
-    let served = match listener {
-        Listener::Tcp(l) => {
-            l.set_nonblocking(true).map_err(configure)?;
-            let l = tokio::net::TcpListener::from_std(l).map_err(register)?;
-            on_ready();
-            // Without TCP_NODELAY a command's first output waits out a delayed ACK (~40 ms).
-            axum::serve(
-                l.tap_io(|t| {
+    let mut served = tokio::task::JoinSet::new();
+    for listener in listeners {
+        let app = app.clone();
+        match listener {
+            Listener::Tcp(l) => {
+                l.set_nonblocking(true).map_err(configure)?;
+                let l = tokio::net::TcpListener::from_std(l).map_err(register)?;
+                // Without TCP_NODELAY a command's first output waits out a delayed ACK (~40 ms).
+                let l = l.tap_io(|t| {
                     let _ = t.set_nodelay(true);
-                }),
-                app,
-            )
-            .await
+                });
+                served.spawn(async move { axum::serve(l, app).await });
+            }
+            Listener::Unix(l) => {
+                l.set_nonblocking(true).map_err(configure)?;
+                let l = tokio::net::UnixListener::from_std(l).map_err(register)?;
+                served.spawn(async move { axum::serve(l, app).await });
+            }
         }
-        Listener::Unix(l) => {
-            l.set_nonblocking(true).map_err(configure)?;
-            let l = tokio::net::UnixListener::from_std(l).map_err(register)?;
-            on_ready();
-            axum::serve(l, app).await
-        }
-    };
-    served.map_err(|e| Error::io("serving envd", e))
+    }
+    on_ready();
+    // A listener only stops serving on an error; the first one ends the agent.
+    match served.join_next().await {
+        Some(Ok(r)) => r.map_err(|e| Error::io("serving envd", e)),
+        Some(Err(e)) => Err(Error::io("serving envd", std::io::Error::other(e))),
+        None => Err(Error::invalid("envd was given no listener")),
+    }
 }

@@ -81,7 +81,7 @@ pub fn run(
         };
         let _ = std::fs::remove_file(ENVD_SOCKET);
         let code = match UnixListener::bind(ENVD_SOCKET) {
-            Ok(l) => match crate::envd::run(crate::envd::Listener::Unix(l), cfg, || {}) {
+            Ok(l) => match crate::envd::run(vec![crate::envd::Listener::Unix(l)], cfg, || {}) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("agent: {e}");

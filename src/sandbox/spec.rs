@@ -10,6 +10,9 @@ use crate::model::{Error, Result};
 
 /// The port envd listens on inside every sandbox, as on e2b.
 pub const ENVD_PORT: u16 = 49983;
+/// The abstract Unix socket name on which a built-in sandbox's agent also serves envd, in the
+/// sandbox's network namespace (the node dials it instead of the port; see `agent`).
+pub const ENVD_ABSTRACT_SOCKET: &str = "sandbox-gateway-envd";
 
 /// Names inside an instance directory. The supervisor works relative to the directory, so that
 /// the sandbox's unprivileged root never has to walk the host path above it.
