@@ -235,6 +235,7 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
         plain.push(t.elapsed());
         e2b_kill(&http, &url, &sb.id).await?;
     }
+    delete_ours(&http, &url).await?;
     gw.stop();
 
     let gvisor = match Daemon::gateway_with(
@@ -246,6 +247,7 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
             crate::claims::wait_pool_warm(&http, &gv.address, "base/", 1, Duration::from_secs(120))
                 .await?;
             let (cold, rebuilt, _) = cold_and_rebuilt(&http, &gv.address, &data, runs).await?;
+            delete_ours(&http, &gv.address).await?;
             gv.stop();
             eprintln!("  builds on gVisor measured");
             Some((summarize(cold), summarize(rebuilt)))
@@ -266,6 +268,36 @@ pub async fn bench(samples: usize) -> Res<TemplateBuildBench> {
         plain: summarize(plain),
         gvisor,
     })
+}
+
+/// Deletes every template this bench built (their aliases start with `bench-`): the templates
+/// directory is the tests' own, and a built template with a start command would otherwise
+/// get a warm pool on every node started with it afterwards.
+async fn delete_ours(http: &reqwest::Client, url: &str) -> Res<()> {
+    let listed = call(
+        http,
+        reqwest::Method::GET,
+        &format!("{url}/templates"),
+        None,
+    )
+    .await?;
+    for t in listed.as_array().into_iter().flatten() {
+        let ours = t["aliases"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|a| a.as_str().is_some_and(|a| a.starts_with("bench-")));
+        if let (true, Some(id)) = (ours, t["templateID"].as_str()) {
+            call(
+                http,
+                reqwest::Method::DELETE,
+                &format!("{url}/templates/{id}"),
+                None,
+            )
+            .await?;
+        }
+    }
+    Ok(())
 }
 
 /// A create without internet access: its key (`none` net) has no pool, so the sandbox boots
