@@ -204,27 +204,20 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
         .and_then(|i| i.file_name())
         .map(|i| i.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let paused_processes = || -> Vec<String> {
-        processes_under(&node.sandboxes_dir())
-            .into_iter()
-            .filter_map(|p| {
-                let c = std::fs::read(format!("/proc/{p}/cmdline")).ok()?;
-                let c = String::from_utf8_lossy(&c).replace('\0', " ");
-                (c.starts_with("runsc-sandbox") && c.contains(&instance)).then_some(c)
+    let runs_a_process = || {
+        processes_under(&node.sandboxes_dir()).into_iter().any(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.starts_with("runsc-sandbox") && c.contains(&instance)
             })
-            .collect()
+        })
     };
-    let settled = tokio::time::timeout(Duration::from_secs(10), async {
-        while !paused_processes().is_empty() {
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the paused sandbox runs no process",
+        || !runs_a_process(),
+    )
     .await;
-    assert!(
-        settled.is_ok(),
-        "the paused sandbox runs no process: {:#?}",
-        paused_processes()
-    );
     assert!(
         image.join("checkpoint.img").exists(),
         "runsc's image in {}",
