@@ -374,6 +374,10 @@ fn render_summary(run: &Run) -> String {
             transfers::throughput(t.mib, t.gw_up),
             transfers::throughput(t.mib, t.gw_down),
         );
+        let relay = (
+            transfers::throughput(t.mib, t.relay_up),
+            transfers::throughput(t.mib, t.relay_down),
+        );
         row(
             &mut o,
             &format!(
@@ -381,12 +385,29 @@ fn render_summary(run: &Run) -> String {
                 t.mib
             ),
             format!(
-                "{:.0} % / {:.0} % ({up:.0} / {down:.0} MiB/s)",
+                "{:.0} % / {:.0} % ({up:.0} / {down:.0} MiB/s); a bare relay of the bench's \
+                 own: {:.0} % / {:.0} %",
                 up * 100.0 / raw,
-                down * 100.0 / raw
+                down * 100.0 / raw,
+                relay.0 * 100.0 / raw,
+                relay.1 * 100.0 / raw
             ),
             "target ≥ 50 %",
-            meets(up >= raw / 2.0 && down >= raw / 2.0),
+            &match (
+                up >= raw / 2.0 && down >= raw / 2.0,
+                relay.0.min(relay.1) >= raw / 2.0,
+            ) {
+                (true, _) => meets(true).to_string(),
+                (false, true) => meets(false).to_string(),
+                // Said so, as the reason: no proxy reaches the target on this machine.
+                (false, false) => format!(
+                    "{}, as does a bare relay copying 1 MiB at a time (gateway: {:.0} % / \
+                     {:.0} % of the relay)",
+                    meets(false),
+                    up * 100.0 / relay.0,
+                    down * 100.0 / relay.1
+                ),
+            },
         );
         let growth = t.rss_peak.saturating_sub(t.rss_before);
         row(

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use sandbox_gateway::node::runtime::dial::Dialer;
+use sandbox_gateway::sandbox::spec::ENVD_ABSTRACT_SOCKET;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::claims::wait_gateway_warm;
@@ -74,6 +75,68 @@ async fn raw_copy(block: &Bytes, mib: u64) -> Res<Duration> {
     Ok(took)
 }
 
+/// A relay of the bench's own, the least any proxy does: each connection to `127.0.0.1:port`
+/// is joined to a new connection to the agent's Unix socket in the sandbox's network
+/// namespace (as the gateway's embedded node dials it), and a blocking thread per direction
+/// copies bytes in reads of up to 1 MiB. No HTTP, no checks, no event loop; it bounds what a
+/// proxy can reach on this machine.
+async fn bare_relay(dialer: Arc<Dialer>, supervisor: i32) -> Res<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let netns = std::path::PathBuf::from(format!("/proc/{supervisor}/ns/net"));
+            let Ok(agent) = dialer.connect_abstract(netns, ENVD_ABSTRACT_SOCKET).await else {
+                continue;
+            };
+            let (Ok(client), Ok(agent)) = (client.into_std(), agent.into_std()) else {
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = client.set_nonblocking(false);
+            let _ = agent.set_nonblocking(false);
+            let (Ok(client2), Ok(agent2)) = (client.try_clone(), agent.try_clone()) else {
+                continue;
+            };
+            std::thread::spawn(move || pump(client, agent));
+            std::thread::spawn(move || pump(agent2, client2));
+        }
+    });
+    Ok(addr)
+}
+
+/// Copies `from` to `to` until `from` ends, then ends `to`'s writing side.
+fn pump<F: std::io::Read, T: std::io::Write + HalfClose>(mut from: F, mut to: T) {
+    let mut buf = vec![0u8; MIB as usize];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    to.half_close();
+}
+
+trait HalfClose {
+    fn half_close(&self);
+}
+
+impl HalfClose for std::net::TcpStream {
+    fn half_close(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl HalfClose for std::os::unix::net::UnixStream {
+    fn half_close(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+}
+
 pub struct Transfers {
     pub mib: u64,
     pub runs: usize,
@@ -81,6 +144,8 @@ pub struct Transfers {
     pub raw: Duration,
     pub gw_up: Duration,
     pub gw_down: Duration,
+    pub relay_up: Duration,
+    pub relay_down: Duration,
     pub direct_up: Duration,
     pub direct_down: Duration,
     pub big_mib: u64,
@@ -136,13 +201,19 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
         id: sb.id.clone(),
         token: sb.jwt.clone(),
     });
+    let dialer = Arc::new(Dialer::new()?);
     let mut direct = Envd::new(Via::Netns {
         pid: supervisor,
         token: rec.token.clone(),
-        dialer: Arc::new(Dialer::new()?),
+        dialer: dialer.clone(),
+    });
+    let mut relay = Envd::new(Via::Plain {
+        addr: bare_relay(dialer, supervisor).await?,
+        token: rec.token.clone(),
     });
     gateway.connect().await?;
     direct.connect().await?;
+    relay.connect().await?;
     let pid = gw.pid();
     let rss_start = vm_rss(pid);
     let block = block();
@@ -152,17 +223,21 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
     down(&mut gateway, "/home/user/gw.bin", mib).await?;
     up(&mut direct, "/home/user/direct.bin", &block, mib).await?;
     down(&mut direct, "/home/user/direct.bin", mib).await?;
-    let mut t: [Vec<Duration>; 5] = Default::default();
+    up(&mut relay, "/home/user/relay.bin", &block, mib).await?;
+    down(&mut relay, "/home/user/relay.bin", mib).await?;
+    let mut t: [Vec<Duration>; 7] = Default::default();
     for _ in 0..runs {
         t[0].push(raw_copy(&block, mib).await?);
         t[1].push(up(&mut gateway, "/home/user/gw.bin", &block, mib).await?);
         t[2].push(down(&mut gateway, "/home/user/gw.bin", mib).await?);
         t[3].push(up(&mut direct, "/home/user/direct.bin", &block, mib).await?);
         t[4].push(down(&mut direct, "/home/user/direct.bin", mib).await?);
+        t[5].push(up(&mut relay, "/home/user/relay.bin", &block, mib).await?);
+        t[6].push(down(&mut relay, "/home/user/relay.bin", mib).await?);
     }
     check(
         &mut direct,
-        "rm -f /home/user/gw.bin /home/user/direct.bin && sync",
+        "rm -f /home/user/gw.bin /home/user/direct.bin /home/user/relay.bin && sync",
     )
     .await?;
 
@@ -193,9 +268,17 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
     if size.trim() != (big_mib * MIB).to_string() {
         return Err(format!("the large upload left a file of {} bytes", size.trim()).into());
     }
-    drop((gateway, direct));
+    drop((gateway, direct, relay));
     gw.stop();
-    let [raw, gw_up, gw_down, direct_up, direct_down] = t.map(median);
+    let [
+        raw,
+        gw_up,
+        gw_down,
+        direct_up,
+        direct_down,
+        relay_up,
+        relay_down,
+    ] = t.map(median);
     Ok(Transfers {
         mib,
         runs,
@@ -203,6 +286,8 @@ pub async fn bench_transfers(mib: u64, runs: usize, big_mib: u64) -> Res<Transfe
         raw,
         gw_up,
         gw_down,
+        relay_up,
+        relay_down,
         direct_up,
         direct_down,
         big_mib,
@@ -234,9 +319,14 @@ pub fn render(o: &mut String, t: &Transfers) {
          one keep-alive HTTP/1.1 connection, (a) through the gateway (`E2b-Sandbox-Id` \
          headers and the envdAccessToken; the gateway asks its embedded node for a tunnel by a \
          call, the node dials the agent's abstract Unix socket in the sandbox's network \
-         namespace, and the gateway streams over it) and (b) directly to the agent (a TCP \
-         socket to its port, made in the sandbox's network namespace). The raw copy is the same bytes written to one loopback TCP socket \
-         and read from its peer, both in the bench. Median of {} runs after one uncounted run \
+         namespace, and the gateway streams over it), (b) through a bare relay of the bench's \
+         own (a loopback TCP listener whose connections it joins to new connections to that \
+         same socket of the agent, a blocking thread per direction copying bytes in reads of \
+         up to 1 MiB, with no HTTP, no checks and no event loop: what the least a proxy can do \
+         costs on this machine) and (c) \
+         directly to the agent (a TCP socket to its port, made in the sandbox's network \
+         namespace). The raw copy is the same bytes written to one loopback TCP socket and \
+         read from its peer, both in the bench. Median of {} runs after one uncounted run \
          each; throughput is size / time from sending the request to the end of the answer.\n",
         t.disk_mib, t.mib, t.mib, t.runs
     );
@@ -251,6 +341,8 @@ pub fn render(o: &mut String, t: &Transfers) {
         ("raw loopback TCP copy", t.raw),
         ("upload through the gateway", t.gw_up),
         ("download through the gateway", t.gw_down),
+        ("upload through a bare relay", t.relay_up),
+        ("download through a bare relay", t.relay_down),
         ("upload direct to the agent", t.direct_up),
         ("download direct to the agent", t.direct_down),
     ] {
@@ -265,10 +357,16 @@ pub fn render(o: &mut String, t: &Transfers) {
     let _ = writeln!(
         o,
         "\nThrough the gateway, as a share of the raw copy: upload **{:.0} %**, download \
-         **{:.0} %** (target ≥ 50 %); as a share of the same transfer direct to the agent: \
-         upload {:.0} %, download {:.0} %.\n",
+         **{:.0} %** (target ≥ 50 %); through the bare relay: upload {:.0} %, download \
+         {:.0} %; the gateway as a share of the bare relay: upload {:.0} %, download {:.0} %; \
+         as a share of the same transfer direct to the agent: upload {:.0} %, download \
+         {:.0} %.\n",
         throughput(t.mib, t.gw_up) * 100.0 / raw.max(1e-9),
         throughput(t.mib, t.gw_down) * 100.0 / raw.max(1e-9),
+        throughput(t.mib, t.relay_up) * 100.0 / raw.max(1e-9),
+        throughput(t.mib, t.relay_down) * 100.0 / raw.max(1e-9),
+        t.relay_up.as_secs_f64() * 100.0 / t.gw_up.as_secs_f64().max(1e-9),
+        t.relay_down.as_secs_f64() * 100.0 / t.gw_down.as_secs_f64().max(1e-9),
         t.direct_up.as_secs_f64() * 100.0 / t.gw_up.as_secs_f64().max(1e-9),
         t.direct_down.as_secs_f64() * 100.0 / t.gw_down.as_secs_f64().max(1e-9)
     );

@@ -2,7 +2,9 @@
 //! address is given, connects the dispatcher to the nodes, and serves the e2b surface.
 
 mod embedded;
+mod listener;
 pub mod observe;
+mod readahead;
 pub mod stalled;
 
 use std::path::{Path, PathBuf};
@@ -429,7 +431,7 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
     }
     let metrics_data = web::Data::new(metrics.clone());
     let sessions = web::Data::new(crate::dashboard::sessions::Sessions::default());
-    let server = HttpServer::new(move || {
+    let make_app = move || {
         App::new()
             .app_data(state.clone())
             .app_data(keys.clone())
@@ -442,20 +444,17 @@ pub async fn run(cfg: ServeConfig) -> Result<()> {
             .route("/metrics", web::get().to(metrics_route))
             .configure(crate::dashboard::configure)
             .configure(e2b::configure)
-    })
-    .workers(2)
-    .tcp_nodelay(true)
-    .keep_alive(KEEP_ALIVE)
-    .shutdown_timeout(5)
-    .disable_signals()
-    .on_connect(move |conn, _| stalled::limit(conn, stall));
-    let e2b_tls = e2b_tls_config(&cfg)?;
-    let bound = match e2b_tls {
-        Some(tls) => server.bind_rustls_0_23(&cfg.e2b_listen, tls),
-        None => server.bind(&cfg.e2b_listen),
-    }
-    .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
-    let (e2b_addr, handle, serving) = spawn_server(bound.addrs(), bound.run(), &cfg.e2b_listen);
+    };
+    let settings = listener::Settings {
+        workers: 2,
+        keep_alive: KEEP_ALIVE,
+        shutdown_timeout: 5,
+        stall,
+    };
+    let (addrs, server) =
+        listener::bind(&cfg.e2b_listen, e2b_tls_config(&cfg)?, &settings, make_app)
+            .map_err(|e| Error::io(format!("binding the e2b listener {}", cfg.e2b_listen), e))?;
+    let (e2b_addr, handle, serving) = spawn_server(addrs, server, &cfg.e2b_listen);
 
     println!("sandbox-gateway {}", env!("CARGO_PKG_VERSION"));
     print_e2b_exports(&cfg, &e2b_addr);
