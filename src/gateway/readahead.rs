@@ -77,9 +77,9 @@ pub struct ReadAhead<T> {
     size: usize,
     /// How much the last read from the socket brought.
     last: usize,
+    /// Where a buffer beyond [`SMALL`] takes its place; this connection holds one exactly
+    /// while `size` is beyond [`SMALL`].
     budget: &'static Budget,
-    /// Whether this connection holds a place in the budget.
-    large: bool,
 }
 
 impl<T> ReadAhead<T> {
@@ -94,7 +94,6 @@ impl<T> ReadAhead<T> {
             size: MIN,
             last: 0,
             budget,
-            large: false,
         }
     }
 
@@ -102,11 +101,8 @@ impl<T> ReadAhead<T> {
     /// [`SMALL`] only with a place in the budget.
     fn grow(&mut self, got: usize) {
         let next = grown(self.size, got);
-        if next > SMALL && !self.large {
-            self.large = self.budget.take();
-            if !self.large {
-                return;
-            }
+        if next > SMALL && self.size <= SMALL && !self.budget.take() {
+            return;
         }
         self.size = next;
     }
@@ -114,8 +110,7 @@ impl<T> ReadAhead<T> {
     /// Gives the buffer, and its place in the budget, back.
     fn shrink(&mut self) {
         self.buf = BytesMut::new();
-        self.size = MIN;
-        if std::mem::take(&mut self.large) {
+        if std::mem::replace(&mut self.size, MIN) > SMALL {
             self.budget.give_back();
         }
     }
