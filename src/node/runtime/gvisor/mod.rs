@@ -10,7 +10,6 @@ pub mod buildroot;
 pub mod bundle;
 pub mod files;
 pub mod holder;
-pub mod hostmem;
 pub mod oomguard;
 pub mod runsc;
 pub mod views;
