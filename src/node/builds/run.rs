@@ -298,10 +298,17 @@ impl<R: Runtime> Node<R> {
             job.verify_start(&meta, start_cmd.as_deref(), ready_cmd.as_deref())
                 .await?;
         }
-        self.inner
+        let installed = self
+            .inner
             .templates
             .install_built(&meta, &root)
             .map_err(|e| fail("finalize", e.message))?;
+        // Whatever the runtime does before a template's first boot is done now, inside the
+        // build's time, not inside the first claim's deadline.
+        if let Err(e) = self.inner.runtime.prepare_template(&installed).await {
+            self.inner.templates.remove_built(&meta.name);
+            return Err(fail("finalize", e.message));
+        }
         Ok(meta.name)
     }
 

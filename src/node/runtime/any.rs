@@ -9,6 +9,7 @@ use super::builtin::{BuiltinHandle, BuiltinRuntime};
 use super::gvisor::{GvisorHandle, GvisorRuntime};
 use super::{BootSpec, Conn, Instance, Runtime, Usage};
 use crate::model::{Error, Result};
+use crate::templates::Template;
 
 /// Boxed runtimes: one lives per node, and the two differ much in size.
 pub enum AnyRuntime {
@@ -119,6 +120,13 @@ impl Runtime for AnyRuntime {
         egress: Option<&crate::model::network::Egress>,
     ) -> Result<()> {
         on!(self, inst, |r, i| r.set_egress(&i, egress).await)
+    }
+
+    async fn prepare_template(&self, t: &Template) -> Result<()> {
+        match self {
+            AnyRuntime::Builtin(r) => r.prepare_template(t).await,
+            AnyRuntime::Gvisor(r) => r.prepare_template(t).await,
+        }
     }
 
     fn mounts_volumes_live(&self) -> bool {

@@ -194,6 +194,12 @@ pub trait Runtime: Send + Sync + 'static {
         }
     }
 
+    /// Readies a template just installed for boots, so that its first boot (a claim, with a
+    /// deadline) finds the work done; gVisor copies it into a plain tree of the image's ids.
+    fn prepare_template(&self, _t: &Template) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
     fn boot(
         &self,
         spec: BootSpec<'_>,

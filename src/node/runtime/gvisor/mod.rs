@@ -35,7 +35,7 @@ use crate::sandbox::gvisor_init::{DOOR, GENERATION};
 use crate::sandbox::net::ROUTER_ADDR;
 use crate::sandbox::netholder::HolderSpec;
 use crate::sandbox::spec::{IdMap, Net};
-use crate::templates::TemplateStore;
+use crate::templates::{Template, TemplateStore};
 use buildroot::BuildRoots;
 use holder::Holder;
 use runsc::Runsc;
@@ -235,6 +235,22 @@ impl GvisorRuntime {
             live: Mutex::new(HashMap::new()),
             nft: super::builtin::which("nft"),
         })
+    }
+
+    /// The template's root as gVisor boots it: one plain tree with the image's ids, made by
+    /// the first call after each build of it (a gigabyte or two for code-interpreter) off the
+    /// async threads, which also serve the node's calls meanwhile.
+    async fn plain_root(&self, t: &Template) -> Result<PathBuf> {
+        let (store, template) = (self.store.clone(), t.clone());
+        let started = Instant::now();
+        let root = tokio::task::spawn_blocking(move || store.plain_root(&template))
+            .await
+            .map_err(|e| Error::internal(format!("preparing the template failed: {e}")))??;
+        let took = started.elapsed();
+        if took > Duration::from_millis(100) {
+            tracing::info!(template = %t.meta.name, "template's root ready for gVisor in {took:.1?}");
+        }
+        Ok(root)
     }
 
     /// Puts `rules` in force in the router namespace at `router` (the instance `id`'s), with
@@ -790,6 +806,10 @@ impl Runtime for GvisorRuntime {
         net == "none" || self.cfg.runsc.saves_connections
     }
 
+    async fn prepare_template(&self, t: &Template) -> Result<()> {
+        self.plain_root(t).await.map(drop)
+    }
+
     async fn boot(&self, spec: BootSpec<'_>) -> Result<Instance<GvisorHandle>> {
         // A seed is a checkpoint to restore, or files a filesystem-only pause saved, which a
         // fresh sandbox takes in.
@@ -816,12 +836,7 @@ impl Runtime for GvisorRuntime {
                 }
             }
         } else {
-            // The first boot of a template copies it (a gigabyte or two for code-interpreter):
-            // off the async threads, which also serve the node's calls meanwhile.
-            let (store, template) = (self.store.clone(), spec.template.clone());
-            let root = tokio::task::spawn_blocking(move || store.plain_root(&template))
-                .await
-                .map_err(|e| Error::internal(format!("preparing the template failed: {e}")))??;
+            let root = self.plain_root(spec.template).await?;
             std::fs::create_dir(spec.dir)
                 .map_err(io_err(format!("creating {}", spec.dir.display())))?;
             (root, None)
