@@ -574,6 +574,9 @@ impl TemplateStore {
 
     /// The template's root with the image's own ids (root is 0), for runtimes that map ids
     /// themselves (gVisor's Sentry does). Made once per build of the template, beside it.
+    /// A copy, never hard links into another template's tree: a gVisor filesystem-only pause
+    /// finds what a sandbox changed by ctime against its tree's, and linking a file changes
+    /// its ctime (tried: every sandbox of the parent then saved its whole root).
     pub fn plain_root(&self, t: &Template) -> Result<PathBuf> {
         let dir = self.dir.join(&t.meta.name);
         let plain = dir.join("rootfs-plain");

@@ -218,14 +218,16 @@ def test_an_unchanged_rebuild_comes_from_the_cache(context):
     )
     first = Template.build(t, name)
     logs = []
-    began = time.monotonic()
     again = Template.build(t, name, on_build_logs=logs.append)
-    took = time.monotonic() - began
     messages = [e.message for e in logs]
     assert again.template_id == first.template_id
+    # Every step comes from the cache: none of them is announced as run (how long a rebuild
+    # takes is measured by the bench, not asserted here; on gVisor the build also makes the
+    # template's copy for boots before it says ready).
     assert sum(m.startswith("CACHED") for m in messages) >= 5, messages
     assert any("already cached" in m for m in messages), messages
-    assert took < 5, took
+    ran = [m for m in messages if "[builder " in m and not m.startswith("CACHED")]
+    assert ran == [], messages
     # skip_cache runs every step again.
     logs.clear()
     Template.build(t, name, skip_cache=True, on_build_logs=logs.append)
