@@ -177,6 +177,11 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
     let node = node(&tmp, &token, &["base=1"]);
     let d = dispatcher(TOKEN, &[&node]);
     d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    // A gVisor node lets its sandboxes' memory have huge pages where the host gave shared
+    // memory none (restores fault it back far faster; see runtime/gvisor/hostmem.rs).
+    let shmem = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .unwrap_or_default();
+    assert!(!shmem.contains("[never]"), "shmem_enabled: {shmem}");
     let (a_rec, a) = claim(&d, "a", "none").await;
     start_holder(&a);
     wait_holder(&a).await;

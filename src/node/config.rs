@@ -93,6 +93,8 @@ pub struct RuntimeChoice {
     pub runsc: Option<PathBuf>,
     /// runsc's platform: ptrace here; systrap or kvm on newer builds and hosts.
     pub runsc_platform: String,
+    /// Leave the host's kernel settings as they are (see `gvisor::hostmem`).
+    pub protect_kernel_defaults: bool,
 }
 
 impl Default for RuntimeChoice {
@@ -101,6 +103,7 @@ impl Default for RuntimeChoice {
             kind: RuntimeKind::Builtin,
             runsc: None,
             runsc_platform: "auto".into(),
+            protect_kernel_defaults: false,
         }
     }
 }

@@ -13,7 +13,7 @@ use super::runtime::Runtime;
 use super::runtime::any::AnyRuntime;
 use super::runtime::builtin::{self, AgentCommand, BuiltinConfig, BuiltinRuntime};
 use super::runtime::gvisor::runsc::Runsc;
-use super::runtime::gvisor::{GvisorConfig, GvisorRuntime};
+use super::runtime::gvisor::{GvisorConfig, GvisorRuntime, hostmem};
 use super::service::NodeService;
 use super::{Node, NodeConfig};
 use crate::model::{Error, Result, ids};
@@ -66,6 +66,13 @@ fn pick_runtime(
                 "runtime: found {} at {}",
                 runsc.version,
                 runsc.path.display()
+            );
+            println!(
+                "runtime: {}",
+                hostmem::tune(
+                    std::path::Path::new(hostmem::SHMEM_ENABLED),
+                    choice.protect_kernel_defaults
+                )
             );
             Ok(AnyRuntime::Gvisor(Box::new(GvisorRuntime::new(
                 GvisorConfig {

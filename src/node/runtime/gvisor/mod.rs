@@ -10,6 +10,7 @@ pub mod buildroot;
 pub mod bundle;
 pub mod files;
 pub mod holder;
+pub mod hostmem;
 pub mod oomguard;
 pub mod runsc;
 pub mod views;
