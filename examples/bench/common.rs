@@ -239,8 +239,13 @@ impl Daemon {
         let mut child = Command::new(node_binary()?)
             .args(&args)
             // The claim benches release sandboxes at once, often before the node has given
-            // the agent its identity; the node logs each of those as an error.
-            .env("RUST_LOG", "warn,sandbox_gateway::node::identify=off")
+            // the agent its identity; the node logs each of those as an error. BENCH_NODE_LOG
+            // replaces the filter, to see where a figure's time goes.
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_NODE_LOG")
+                    .unwrap_or_else(|_| "warn,sandbox_gateway::node::identify=off".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()

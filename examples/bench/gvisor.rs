@@ -101,6 +101,71 @@ pub struct VerbRow {
 pub struct MemoryVerbs {
     pub runs: usize,
     pub rows: Vec<VerbRow>,
+    /// Per runtime: a process started and ended inside its sandbox (`/bin/true` from a shell
+    /// loop, the mean of 20), what a command and a restore's first command pay on top of
+    /// the agent.
+    pub spawns: Vec<(&'static str, Duration)>,
+    /// The bench process writing one byte per 4 KiB page of `FRESH_MIB` just mapped in huge
+    /// pages: the first time after 5 s of mapping nothing new, and again at once after
+    /// unmapping it. A restored gVisor sandbox's memory is new memory of that kind.
+    pub fresh_touch: Duration,
+    pub reused_touch: Duration,
+}
+
+/// What `touch_costs` allocates.
+const FRESH_MIB: usize = 256;
+
+/// See `MemoryVerbs::fresh_touch`. On a virtual machine whose balloon hands free memory back
+/// to the host (Linux's free page reporting, which hands back large free blocks only), the
+/// first touch of huge pages waits for the host to back them again; memory freed a moment
+/// ago has not been handed back yet.
+fn touch_costs() -> Res<(Duration, Duration)> {
+    std::thread::sleep(Duration::from_secs(5));
+    let fresh = touch_huge(FRESH_MIB << 20)?;
+    Ok((fresh, touch_huge(FRESH_MIB << 20)?))
+}
+
+/// Maps `bytes` of anonymous memory asking for huge pages (as the Sentry does for the
+/// sandbox's memory), writes one byte per 4 KiB page, and unmaps it; answers the writing time.
+fn touch_huge(bytes: usize) -> Res<Duration> {
+    // SAFETY: a new private anonymous mapping of `bytes`, written only within its bounds and
+    // unmapped before returning; nothing else refers to it.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        libc::madvise(p, bytes, libc::MADV_HUGEPAGE);
+        let base = p.cast::<u8>();
+        let started = Instant::now();
+        for i in (0..bytes).step_by(4096) {
+            base.add(i).write_volatile(1);
+        }
+        let took = started.elapsed();
+        libc::munmap(p, bytes);
+        Ok(took)
+    }
+}
+
+/// Microseconds per `/bin/true` started and waited for by a shell loop inside the sandbox.
+async fn spawn_cost(r: &SandboxRecord) -> Res<Duration> {
+    let out = check(
+        &mut envd_of(r),
+        "s=$(date +%s%N); for i in $(seq 20); do /bin/true; done; e=$(date +%s%N); echo $(( (e - s) / 20000 ))",
+    )
+    .await?;
+    let us: u64 = out
+        .trim()
+        .parse()
+        .map_err(|_| format!("the spawn loop printed {out:?}"))?;
+    Ok(Duration::from_micros(us))
 }
 
 impl MemoryVerbs {
@@ -171,7 +236,9 @@ fn tree_bytes(p: &Path) -> u64 {
 /// `runs` rounds of pause, resume, snapshot (a checkpoint, deleted) and fork (one child,
 /// released once it answered) on a sandbox of each runtime that touched each of `sizes` MiB.
 pub async fn bench_memory_verbs(sizes: &[u64], runs: usize) -> Res<MemoryVerbs> {
+    let (fresh_touch, reused_touch) = tokio::task::spawn_blocking(touch_costs).await??;
     let mut rows = Vec::new();
+    let mut spawns = Vec::new();
     for runtime in VERB_RUNTIMES {
         let token = ids::random_hex(16);
         let small_pages = runtime == SMALL_PAGES;
@@ -221,6 +288,9 @@ pub async fn bench_memory_verbs(sizes: &[u64], runs: usize) -> Res<MemoryVerbs> 
                 .await?
                 .record;
             let pid = touch(&sb, mib).await?;
+            if mib == sizes[0] {
+                spawns.push((runtime, spawn_cost(&sb).await?));
+            }
             let mem_used = d.stats(None, &sb.id).await?.mem_used_bytes;
             let image_dir = PathBuf::from(&sb.state_dir).join("paused");
             let mut t: [Vec<Duration>; 5] = Default::default();
@@ -279,7 +349,13 @@ pub async fn bench_memory_verbs(sizes: &[u64], runs: usize) -> Res<MemoryVerbs> 
         node.stop();
         drop(host);
     }
-    Ok(MemoryVerbs { runs, rows })
+    Ok(MemoryVerbs {
+        runs,
+        rows,
+        spawns,
+        fresh_touch,
+        reused_touch,
+    })
 }
 
 /// What the gVisor sections measured (those that ran).
@@ -546,6 +622,17 @@ fn render_verbs(o: &mut String, v: &MemoryVerbs) {
             );
         }
     }
+    let _ = writeln!(
+        o,
+        "\nWhat a command and a restore pay on this machine: a process started and waited for inside the sandbox (`/bin/true` from a shell loop, mean of 20) takes {}; writing one byte per 4 KiB of {FRESH_MIB} MiB the bench process just mapped in huge pages (as the Sentry maps a sandbox's memory) takes {} after 5 s of mapping nothing and {} at once after unmapping it (on a virtual machine that hands free memory back to its host, as this one does with free page reporting for blocks of 8 MiB and more, a first touch waits for the host to back the memory again, so the first figure depends on how much recently freed memory the kernel still holds). A fork's child restores into new memory the size of its parent's; a resume reuses what the pause freed.",
+        v.spawns
+            .iter()
+            .map(|(rt, d)| format!("{} on {rt}", ms0(*d)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        ms0(v.fresh_touch),
+        ms0(v.reused_touch)
+    );
     let _ = writeln!(o);
     if let Some(r) = v.row("gvisor", 256) {
         let _ = writeln!(

@@ -351,19 +351,20 @@ impl<R: Runtime> Node<R> {
         let egress = self.egress_for(&parent.key, &parent.network, parent.namespace())?;
         self.reserve(&mut self.state(), count)?;
         let scratch = self.inner.paths.scratch.join(ids::new_instance_id());
-        let captured = self
+        // The children boot from the capture while the runtime brings the parent back.
+        let boots = futures::future::join_all(
+            (0..count).map(|_| self.boot(&parent.key, &template, Some(&scratch), egress.as_ref())),
+        );
+        let (captured, booted) = self
             .inner
             .runtime
-            .capture(&inst, parent.phase == Phase::Paused, &scratch)
+            .capture_then(&inst, parent.phase == Phase::Paused, &scratch, boots)
             .await;
-        let booted: Vec<Result<Instance<R::Handle>>> = match captured {
-            Ok(_) => {
-                let boots = (0..count)
-                    .map(|_| self.boot(&parent.key, &template, Some(&scratch), egress.as_ref()));
-                futures::future::join_all(boots).await
-            }
-            Err(e) => (0..count).map(|_| Err(e.clone())).collect(),
-        };
+        let mut booted: Vec<Result<Instance<R::Handle>>> = booted.unwrap_or_default();
+        if let Err(e) = captured {
+            // Children that started from it go with the failure below.
+            booted.push(Err(e));
+        }
         let _ = tokio::fs::remove_dir_all(&scratch).await;
 
         let mut st = self.state();

@@ -139,7 +139,14 @@ fn door(dir: &Path) {
         let seen = generation(dir);
         let _ = std::fs::remove_file(&path);
         match UnixListener::bind(&path) {
-            Ok(listener) => serve(&listener, &open),
+            Ok(listener) => {
+                if let Some(mut quiesced) = serve(&listener, &open) {
+                    // Closed before the node hears OK: a checkpoint that finds the listener
+                    // still open fails ("bound host socket").
+                    drop(listener);
+                    let _ = quiesced.write_all(b"OK\n");
+                }
+            }
             Err(e) => eprintln!("door: binding {}: {e}", path.display()),
         }
         // Closed for a checkpoint: wait for the node's next generation.
@@ -149,8 +156,9 @@ fn door(dir: &Path) {
     }
 }
 
-/// Accepts until a QUIESCE arrives.
-fn serve(listener: &UnixListener, open: &Open) {
+/// Accepts until a QUIESCE arrives; answers its connection, for the caller to answer once
+/// the listener is closed.
+fn serve(listener: &UnixListener, open: &Open) -> Option<UnixStream> {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let mut reader = BufReader::new(match conn.try_clone() {
@@ -167,8 +175,7 @@ fn serve(listener: &UnixListener, open: &Open) {
                 for (_, c) in lock(open).1.drain() {
                     let _ = c.shutdown(Shutdown::Both);
                 }
-                let _ = conn.write_all(b"OK\n");
-                return;
+                return Some(conn);
             }
             ("PING", _) => {
                 let _ = conn.write_all(b"PONG\n");
@@ -258,6 +265,7 @@ fn serve(listener: &UnixListener, open: &Open) {
             }
         }
     }
+    None
 }
 
 /// The process holding the most memory, other than this init and the agent: (pid, resident

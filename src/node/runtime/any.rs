@@ -180,6 +180,26 @@ impl Runtime for AnyRuntime {
         on!(self, inst, |r, i| r.capture(&i, paused, dest).await)
     }
 
+    async fn capture_then<T: Send>(
+        &self,
+        inst: &Instance<AnyHandle>,
+        paused: bool,
+        dest: &Path,
+        meanwhile: impl Future<Output = T> + Send,
+    ) -> (Result<u64>, Option<T>) {
+        match (self, &inst.handle) {
+            (AnyRuntime::Builtin(r), AnyHandle::Builtin(h)) => {
+                r.capture_then(&with(inst, h.clone()), paused, dest, meanwhile)
+                    .await
+            }
+            (AnyRuntime::Gvisor(r), AnyHandle::Gvisor(h)) => {
+                r.capture_then(&with(inst, h.clone()), paused, dest, meanwhile)
+                    .await
+            }
+            _ => (Err(mismatch(inst)), None),
+        }
+    }
+
     async fn capture_files(
         &self,
         inst: &Instance<AnyHandle>,

@@ -222,6 +222,26 @@ pub trait Runtime: Send + Sync + 'static {
         dest: &Path,
     ) -> impl Future<Output = Result<u64>> + Send;
 
+    /// `capture`, running `meanwhile` (boots from `dest`: a fork's children) as soon as
+    /// `dest` is complete. A runtime that stops the instance to capture it brings it back
+    /// alongside `meanwhile` instead of before it, so a fork waits for the longer of the two,
+    /// not their sum. Answers the capture's result and `meanwhile`'s output if it ran (it
+    /// does not when nothing was captured; the caller releases what it made either way).
+    fn capture_then<T: Send>(
+        &self,
+        inst: &Instance<Self::Handle>,
+        paused: bool,
+        dest: &Path,
+        meanwhile: impl Future<Output = T> + Send,
+    ) -> impl Future<Output = (Result<u64>, Option<T>)> + Send {
+        async move {
+            match self.capture(inst, paused, dest).await {
+                Ok(size) => (Ok(size), Some(meanwhile.await)),
+                Err(e) => (Err(e), None),
+            }
+        }
+    }
+
     /// Saves the instance's files apart from its processes into the new directory `dest`, for
     /// a filesystem-only pause (see `captures_files`); the caller destroys the instance after.
     /// `frozen` says it is paused already. By default it is frozen and `capture`d; on failure

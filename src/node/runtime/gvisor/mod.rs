@@ -8,6 +8,7 @@
 
 pub mod buildroot;
 pub mod bundle;
+mod checkpoint;
 pub mod files;
 pub mod holder;
 pub mod hostmem;
@@ -106,14 +107,22 @@ struct Live {
     _guard: Option<oomguard::Guard>,
     /// The processes the guard ended.
     oom_kills: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Deleting the container a checkpoint stopped (see `delete_later`).
-    deleting: Option<tokio::task::JoinHandle<()>>,
+    /// Work left for after an answer (see `later`), which its destroy waits for.
+    pending: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Written beside a checkpoint image: what a restore of it needs.
 #[derive(Serialize, Deserialize)]
 struct ImageMeta {
     init_token: String,
+}
+
+/// What a capture takes (see `capturable`).
+enum Capture {
+    /// A paused sandbox's image was copied (this many bytes); it stays paused.
+    Copied(u64),
+    /// The running sandbox is to be checkpointed (and restored, where runsc stops it).
+    Checkpoint,
 }
 
 /// How `launch` starts a sandbox.
@@ -126,6 +135,10 @@ enum Start<'a> {
 
 const IMAGE_META: &str = "sandbox.json";
 const IMAGE_DIR: &str = "paused";
+/// How long a sandbox whose checkpoint failed has to answer again before it is taken as dead.
+const RUN_ON_WITHIN: Duration = Duration::from_secs(5);
+/// How long one try at the door waits for its answer before the next try.
+const PING_WITHIN: Duration = Duration::from_secs(1);
 /// Where an instance's volumes are shown to runsc (see `volume_views`).
 const VOLUMES_DIR: &str = "volumes";
 
@@ -307,23 +320,37 @@ impl GvisorRuntime {
 
     /// A new generation tells the sandbox's init that it may open its door again.
     fn bump_generation(dir: &Path) -> Result<()> {
-        std::fs::write(dir.join("run").join(GENERATION), ids::random_hex(8))
+        // Replaced whole by a rename: a sandbox that runs on through a checkpoint reads it
+        // while it is written, and an empty read would look like a new generation.
+        let run = dir.join("run");
+        let next = run.join(format!(".{GENERATION}.next"));
+        std::fs::write(&next, ids::random_hex(8))
+            .and_then(|()| std::fs::rename(&next, run.join(GENERATION)))
             .map_err(io_err("writing the door generation"))
     }
 
-    /// Waits until the door answers.
-    async fn wait_door(&self, dir: &Path, timeout: Duration) -> Result<()> {
+    /// Waits until the door answers. `stale` is the inode of a door the sandbox closed and
+    /// opens anew (a quiesce the sandbox runs on from): until its socket is replaced, a
+    /// connection may reach the old one, which takes it and never answers.
+    async fn wait_door(&self, dir: &Path, stale: Option<u64>, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let door = Self::door(dir);
         loop {
-            if let Ok(mut s) = UnixStream::connect(&door).await {
+            let replaced = stale.is_none() || Self::door_inode(dir) != stale;
+            let ping = async {
+                let mut s = UnixStream::connect(&door).await.ok()?;
                 let mut buf = [0u8; 5];
-                if s.write_all(b"PING\n").await.is_ok()
-                    && s.read_exact(&mut buf).await.is_ok()
-                    && &buf == b"PONG\n"
-                {
-                    return Ok(());
-                }
+                s.write_all(b"PING\n").await.ok()?;
+                s.read_exact(&mut buf).await.ok()?;
+                (&buf == b"PONG\n").then_some(())
+            };
+            // Each try is bounded, so one connection that is never answered cannot hold the
+            // wait past its deadline.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if replaced
+                && let Ok(Some(())) = tokio::time::timeout(left.min(PING_WITHIN), ping).await
+            {
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(super::boot_too_slow(
@@ -333,6 +360,12 @@ impl GvisorRuntime {
             }
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
+    }
+
+    /// The inode of the sandbox's door socket, if it has one.
+    fn door_inode(dir: &Path) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(Self::door(dir)).ok().map(|m| m.ino())
     }
 
     /// Asks the sandbox whether a checkpoint would succeed (see `gvisor_init::unsaveable`):
@@ -366,58 +399,6 @@ impl GvisorRuntime {
             .await
             .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
         Ok(answer)
-    }
-
-    /// Closes the sandbox's door and cuts its connections: gVisor cannot checkpoint a sandbox
-    /// that holds host sockets.
-    async fn quiesce(&self, dir: &Path) -> Result<()> {
-        let mut s = UnixStream::connect(Self::door(dir))
-            .await
-            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
-        s.write_all(b"QUIESCE\n")
-            .await
-            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
-        let mut ok = [0u8; 3];
-        s.read_exact(&mut ok)
-            .await
-            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
-        // The init closes its end; give the Sentry a moment to drop the host socket.
-        drop(s);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        Ok(())
-    }
-
-    /// Checkpoints the running sandbox into `image` (it stops) and forgets its container.
-    async fn checkpoint_to(&self, inst: &Instance<GvisorHandle>, image: &Path) -> Result<u64> {
-        let container = self
-            .container(inst)
-            .ok_or_else(|| Error::conflict(format!("sandbox {} is not running", inst.id)))?;
-        self.quiesce(&inst.dir).await?;
-        std::fs::create_dir_all(image).map_err(io_err("creating the checkpoint directory"))?;
-        let made = self.cfg.runsc.checkpoint(image, &container).await;
-        if made.is_ok() {
-            // The stopped Sentry lingers, holding the sandbox's memory, until runsc deletes
-            // the container: it is ended now, so a pause has freed the memory when it
-            // answers, and the rest of the delete happens after.
-            Self::end_sentries(&inst.handle.cgroup).await;
-            self.delete_later(&inst.id, container);
-        } else {
-            // It may still run: stopped before anything else happens.
-            let _ = self.cfg.runsc.delete(&container).await;
-        }
-        if let Some(l) = self.live().get_mut(&inst.id) {
-            l.container = None;
-            // The stopped sandbox's namespace has served its start (see `netholder`).
-            l.holder = None;
-        }
-        made?;
-        let meta = serde_json::to_vec(&ImageMeta {
-            init_token: inst.handle.init_token.clone(),
-        })
-        .map_err(|e| Error::internal(format!("encoding the image description: {e}")))?;
-        std::fs::write(image.join(IMAGE_META), meta)
-            .map_err(io_err("describing the checkpoint"))?;
-        Ok(crate::fsx::tree_disk_usage(image).unwrap_or(0))
     }
 
     /// Starts the sandbox of `dir` as `start` says and waits for its door. With egress it
@@ -474,74 +455,17 @@ impl GvisorRuntime {
                     .await?
             }
         }
-        if let Err(e) = self.wait_door(dir, self.cfg.boot_timeout).await {
+        let door = Instant::now();
+        if let Err(e) = self.wait_door(dir, None, self.cfg.boot_timeout).await {
             let _ = self.cfg.runsc.delete(&container).await;
             return Err(e);
         }
+        tracing::debug!(
+            instance = %inst_id,
+            ms = door.elapsed().as_secs_f64() * 1e3,
+            "the sandbox's door answered"
+        );
         Ok((container, holder))
-    }
-
-    /// Kills the Sentry processes in `cg` and waits (up to a second) until they are gone.
-    async fn end_sentries(cg: &CgroupSet) {
-        let sentries = || {
-            Cgroups::pids(cg)
-                .into_iter()
-                .filter(|&p| is_sentry(p))
-                .collect::<Vec<_>>()
-        };
-        for pid in sentries() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        for _ in 0..100 {
-            if sentries().is_empty() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Deletes a container a checkpoint stopped after the caller has its answer (`runsc
-    /// delete` takes about a second here, waiting on what the stopped sandbox left): once
-    /// its Sentry is ended, what is left is runsc's state under a name no later start
-    /// reuses, and runsc leaves the cgroups to the node (`--ignore-cgroups`), so a restore
-    /// runs beside it. The sandbox's destroy waits for it, so nothing is left behind.
-    fn delete_later(&self, id: &str, container: String) {
-        let runsc = self.cfg.runsc.clone();
-        let mut live = self.live();
-        let before = live.get_mut(id).and_then(|l| l.deleting.take());
-        let task = tokio::spawn(async move {
-            if let Some(b) = before {
-                let _ = b.await;
-            }
-            let _ = runsc.delete(&container).await;
-        });
-        if let Some(l) = live.get_mut(id) {
-            l.deleting = Some(task);
-        }
-    }
-
-    /// Restores `image` into the (stopped) sandbox `inst` and records the new container.
-    async fn restore_into(&self, inst: &Instance<GvisorHandle>, image: &Path) -> Result<()> {
-        let rules = self.live().get(&inst.id).and_then(|l| l.egress.clone());
-        let (container, holder) = self
-            .launch(
-                &inst.id,
-                &inst.dir,
-                Start::Restore(image),
-                &inst.handle.cgroup,
-                inst.handle.egress,
-                rules.as_ref(),
-            )
-            .await?;
-        if let Some(l) = self.live().get_mut(&inst.id) {
-            l.container = Some(container);
-            l.holder = holder;
-            l.paused = false;
-        }
-        Ok(())
     }
 
     /// A build instance's root (see `buildroot`), prepared off the async threads.
@@ -903,7 +827,7 @@ impl Runtime for GvisorRuntime {
                 egress: spec.egress.cloned(),
                 _guard: guard,
                 oom_kills,
-                deleting: None,
+                pending: None,
             },
         );
         let inst = Instance {
@@ -935,7 +859,7 @@ impl Runtime for GvisorRuntime {
         let live = self.live().remove(&inst.id);
         self.proxies.forget_instance(&inst.id);
         if let Some(mut l) = live {
-            if let Some(pending) = l.deleting.take() {
+            if let Some(pending) = l.pending.take() {
                 let _ = pending.await;
             }
             if let Some(c) = l.container {
@@ -1012,8 +936,28 @@ impl Runtime for GvisorRuntime {
             return Ok(());
         }
         let image = inst.dir.join(IMAGE_DIR);
+        let started = Instant::now();
         self.restore_into(inst, &image).await?;
-        let _ = std::fs::remove_dir_all(&image);
+        let restored = started.elapsed();
+        // The image goes after the answer (a 512 MiB one takes ~45 ms to remove here), moved
+        // aside first so that a pause sooner than that writes its own under the usual name.
+        let spent = inst
+            .dir
+            .join(format!("{IMAGE_DIR}.spent-{}", ids::random_hex(4)));
+        match std::fs::rename(&image, &spent) {
+            Ok(()) => self.later(&inst.id, async move {
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(spent)).await;
+            }),
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(&image);
+            }
+        }
+        tracing::debug!(
+            instance = %inst.id,
+            restore_ms = restored.as_secs_f64() * 1e3,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "resumed from the pause's image"
+        );
         Ok(())
     }
 
@@ -1023,78 +967,58 @@ impl Runtime for GvisorRuntime {
         paused: bool,
         dest: &Path,
     ) -> Result<u64> {
+        self.capture_then(inst, paused, dest, async {}).await.0
+    }
+
+    async fn capture_then<T: Send>(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        paused: bool,
+        dest: &Path,
+        meanwhile: impl Future<Output = T> + Send,
+    ) -> (Result<u64>, Option<T>) {
         let _busy = self.busy(&inst.id);
-        let frozen = self.live().get(&inst.id).is_some_and(|l| l.frozen);
-        if inst.handle.egress && !self.cfg.runsc.saves_connections {
-            return Err(Error::conflict(format!(
-                "sandbox {} has internet access, and this runsc ({}) cannot save a sandbox's internet connections: snapshots and forks on the gvisor runtime need a sandbox without internet access (e2b allow_internet_access=False, net none)",
-                inst.id, self.cfg.runsc.version
-            )));
+        match self.capturable(inst, paused, dest).await {
+            Ok(Capture::Copied(size)) => return (Ok(size), Some(meanwhile.await)),
+            Ok(Capture::Checkpoint) => {}
+            Err(e) => return (Err(e), None),
         }
-        if inst.handle.volumes {
-            return Err(Error::conflict(format!(
-                "sandbox {} has volumes mounted, which a gVisor checkpoint would take with it: snapshots and forks on the gvisor runtime need a sandbox without volume mounts",
-                inst.id
-            )));
-        }
-        if frozen {
-            return Err(Error::conflict(format!(
-                "sandbox {} is paused in memory (it could not be checkpointed); resume it first",
-                inst.id
-            )));
-        }
-        if !paused && let Some(why) = self.unsaveable(&inst.dir).await? {
-            return Err(Error::conflict(format!(
-                "sandbox {} cannot be checkpointed now: {why}",
-                inst.id
-            )));
-        }
-        if paused {
-            // The pause's own image is the state to branch from.
-            let src = inst.dir.join(IMAGE_DIR);
-            std::fs::create_dir(dest).map_err(io_err("creating the checkpoint directory"))?;
-            let copied = (|| {
-                let mut total = 0;
-                for e in std::fs::read_dir(&src).map_err(io_err("reading the paused image"))? {
-                    let e = e.map_err(io_err("reading the paused image"))?;
-                    total += std::fs::copy(e.path(), dest.join(e.file_name()))
-                        .map_err(io_err("copying the paused image"))?;
-                }
-                Ok(total)
-            })();
-            if copied.is_err() {
-                // A partial copy (the disk filled up) is no checkpoint.
+        if self.cfg.runsc.resumes_after_checkpoint {
+            let door = Self::door_inode(&inst.dir);
+            let size = self.checkpoint_running(inst, dest, door).await;
+            if size.is_err() {
+                let _ = std::fs::remove_dir_all(dest);
+                return (size, None);
+            }
+            // Its door reopens while the copies start.
+            let (reopened, out) = futures::future::join(
+                self.wait_door(&inst.dir, door, self.cfg.boot_timeout),
+                meanwhile,
+            )
+            .await;
+            let result = reopened.and(size);
+            if result.is_err() {
                 let _ = std::fs::remove_dir_all(dest);
             }
-            return copied;
+            return (result, Some(out));
         }
-        // runsc stops the sandbox to checkpoint it and restarts it from the image; an image cut
-        // short by a full disk cannot restart it. So a data directory with less room than the
-        // sandbox's memory (what the image holds, at most) refuses before anything is stopped.
-        let needed = Cgroups::measure(&inst.handle.cgroup)
-            .memory_bytes
-            .unwrap_or(0);
-        let parent = dest.parent().unwrap_or(dest);
-        if let Ok(free) = crate::fsx::filesystem_free(parent)
-            && free < needed
-        {
-            return Err(Error::storage_full(format!(
-                "the node's data directory is full: a snapshot of sandbox {} needs up to {} MiB and {} MiB are free",
-                inst.id,
-                needed.div_ceil(1 << 20),
-                free >> 20
-            )));
-        }
-        // runsc stops what it checkpoints; the source continues from the very image.
+        // This runsc stops what it checkpoints; the source continues from the very image,
+        // restored beside whatever starts from it.
         let size = self.checkpoint_to(inst, dest).await;
-        let restored = self.restore_into(inst, dest).await;
-        match (size, restored) {
+        let (restored, out) = if size.is_ok() {
+            let (r, o) = futures::future::join(self.restore_into(inst, dest), meanwhile).await;
+            (r, Some(o))
+        } else {
+            (self.restore_into(inst, dest).await, None)
+        };
+        let result = match (size, restored) {
             (Ok(s), Ok(_)) => Ok(s),
             (Err(e), _) | (_, Err(e)) => {
                 let _ = std::fs::remove_dir_all(dest);
                 Err(e)
             }
-        }
+        };
+        (result, out)
     }
 
     async fn usage(&self, inst: &Instance<GvisorHandle>) -> Result<Usage> {

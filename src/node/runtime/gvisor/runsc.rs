@@ -29,6 +29,9 @@ pub struct Runsc {
     /// Whether this build checkpoints TCP sockets an epoll instance watches (Node.js and
     /// asyncio servers); older ones fail, and the failed checkpoint ends the sandbox.
     pub saves_watched_sockets: bool,
+    /// Whether `checkpoint --leave-running` lets the sandbox run on in place (newer builds;
+    /// older ones restart it from the image, which the node does itself, see `capture`).
+    pub resumes_after_checkpoint: bool,
     /// Whether `checkpoint` takes `--compression` (newer builds, which compress by default):
     /// images are written uncompressed, since compressing is most of a pause's cost per MiB
     /// here (see PERFORMANCE.md) and the checkpoint budget bounds their size.
@@ -49,6 +52,10 @@ const SYSTRAP_SINCE: u32 = 20230601;
 
 /// The first build seen to checkpoint epoll-watched TCP sockets (Debian's 2022-12-19 cannot).
 const SAVES_WATCHED_SOCKETS_SINCE: u32 = 20240729;
+
+/// The first build seen to go on running in place after `checkpoint --leave-running` (same
+/// Sentry, its processes continuing) rather than being restarted from the image.
+const RESUMES_AFTER_CHECKPOINT_SINCE: u32 = 20240729;
 
 /// `auto` is systrap on builds that have a working one, ptrace on older ones; anything else
 /// is taken as asked.
@@ -117,6 +124,7 @@ impl Runsc {
             chooses_compression: checkpoint_flags.contains("-compression"),
             saves_connections: flags.contains("-net-disconnect-ok"),
             saves_watched_sockets: date.is_some_and(|d| d >= SAVES_WATCHED_SOCKETS_SINCE),
+            resumes_after_checkpoint: date.is_some_and(|d| d >= RESUMES_AFTER_CHECKPOINT_SINCE),
             platform: pick_platform(platform, date).to_string(),
             date,
             path,
@@ -274,12 +282,16 @@ impl Runsc {
             .await
     }
 
-    /// Writes the container's state (memory, processes, files) to `image`; the container stops.
-    pub async fn checkpoint(&self, image: &Path, id: &str) -> Result<()> {
+    /// Writes the container's state (memory, processes, files) to `image`; the container
+    /// stops, or with `leave_running` (builds with `resumes_after_checkpoint`) runs on.
+    pub async fn checkpoint(&self, image: &Path, id: &str, leave_running: bool) -> Result<()> {
         let mut args: Vec<OsString> =
             vec!["checkpoint".into(), "--image-path".into(), image.into()];
         if self.chooses_compression {
             args.extend(["--compression".into(), "none".into()]);
+        }
+        if leave_running {
+            args.push("--leave-running".into());
         }
         args.push(id.into());
         self.call("checkpoint", &args, None).await

@@ -1,0 +1,261 @@
+//! Taking a gVisor sandbox's state: closing its door for a checkpoint, the checkpoint itself
+//! (stopping the sandbox, or letting it run on where runsc can), what a restore of the image
+//! needs beside it, what a capture takes, and the work left for after the answer.
+
+use super::*;
+
+impl GvisorRuntime {
+    /// Closes the sandbox's door and cuts its connections: gVisor cannot checkpoint a sandbox
+    /// that holds host sockets.
+    pub(super) async fn quiesce(&self, dir: &Path) -> Result<()> {
+        let mut s = UnixStream::connect(Self::door(dir))
+            .await
+            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
+        s.write_all(b"QUIESCE\n")
+            .await
+            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
+        let mut ok = [0u8; 3];
+        s.read_exact(&mut ok)
+            .await
+            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
+        // The init closes its end; give the Sentry a moment to drop the host socket.
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        Ok(())
+    }
+
+    /// Closes the running sandbox's door and has runsc checkpoint it into `image` (see
+    /// `Runsc::checkpoint` for `leave_running`): answers its container and runsc's answer.
+    async fn checkpoint_with(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        image: &Path,
+        leave_running: bool,
+    ) -> Result<(String, Result<()>)> {
+        let container = self
+            .container(inst)
+            .ok_or_else(|| Error::conflict(format!("sandbox {} is not running", inst.id)))?;
+        self.quiesce(&inst.dir).await?;
+        std::fs::create_dir_all(image).map_err(io_err("creating the checkpoint directory"))?;
+        let made = self
+            .cfg
+            .runsc
+            .checkpoint(image, &container, leave_running)
+            .await;
+        Ok((container, made))
+    }
+
+    /// Checkpoints the running sandbox into `image` (it stops) and forgets its container.
+    pub(super) async fn checkpoint_to(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        image: &Path,
+    ) -> Result<u64> {
+        let (container, made) = self.checkpoint_with(inst, image, false).await?;
+        if made.is_ok() {
+            // The stopped Sentry lingers, holding the sandbox's memory, until runsc deletes
+            // the container: it is ended now, so a pause has freed the memory when it
+            // answers, and the rest of the delete happens after.
+            Self::end_sentries(&inst.handle.cgroup).await;
+            self.delete_later(&inst.id, container);
+        } else {
+            // It may still run: stopped before anything else happens.
+            let _ = self.cfg.runsc.delete(&container).await;
+        }
+        if let Some(l) = self.live().get_mut(&inst.id) {
+            l.container = None;
+            // The stopped sandbox's namespace has served its start (see `netholder`).
+            l.holder = None;
+        }
+        made?;
+        Self::describe_image(inst, image)
+    }
+
+    /// Checkpoints the running sandbox into `image` and lets it run on in place (runsc builds
+    /// with `resumes_after_checkpoint`): nothing is restarted, so it keeps its memory, its
+    /// network namespace and its container, and answers again once its door reopens. If the
+    /// checkpoint fails and the sandbox no longer answers, its container is deleted, so it is
+    /// reported dead rather than running. `door` is the door's inode before (see `wait_door`).
+    pub(super) async fn checkpoint_running(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        image: &Path,
+        door: Option<u64>,
+    ) -> Result<u64> {
+        let (container, made) = self.checkpoint_with(inst, image, true).await?;
+        // The door opens again (see `gvisor_init`), whatever the checkpoint did.
+        Self::bump_generation(&inst.dir)?;
+        if let Err(e) = made {
+            if self
+                .wait_door(&inst.dir, door, RUN_ON_WITHIN)
+                .await
+                .is_err()
+            {
+                let _ = self.cfg.runsc.delete(&container).await;
+                if let Some(l) = self.live().get_mut(&inst.id) {
+                    l.container = None;
+                }
+            }
+            return Err(e);
+        }
+        Self::describe_image(inst, image)
+    }
+
+    /// Writes what a restore of `image` needs beside it; answers the image's size.
+    pub(super) fn describe_image(inst: &Instance<GvisorHandle>, image: &Path) -> Result<u64> {
+        let meta = serde_json::to_vec(&ImageMeta {
+            init_token: inst.handle.init_token.clone(),
+        })
+        .map_err(|e| Error::internal(format!("encoding the image description: {e}")))?;
+        std::fs::write(image.join(IMAGE_META), meta)
+            .map_err(io_err("describing the checkpoint"))?;
+        Ok(crate::fsx::tree_disk_usage(image).unwrap_or(0))
+    }
+
+    /// What a capture of `inst` into `dest` takes, or why it cannot be made; a paused
+    /// sandbox's image is copied into `dest` here (nothing is left to stop).
+    pub(super) async fn capturable(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        paused: bool,
+        dest: &Path,
+    ) -> Result<Capture> {
+        let frozen = self.live().get(&inst.id).is_some_and(|l| l.frozen);
+        if inst.handle.egress && !self.cfg.runsc.saves_connections {
+            return Err(Error::conflict(format!(
+                "sandbox {} has internet access, and this runsc ({}) cannot save a sandbox's internet connections: snapshots and forks on the gvisor runtime need a sandbox without internet access (e2b allow_internet_access=False, net none)",
+                inst.id, self.cfg.runsc.version
+            )));
+        }
+        if inst.handle.volumes {
+            return Err(Error::conflict(format!(
+                "sandbox {} has volumes mounted, which a gVisor checkpoint would take with it: snapshots and forks on the gvisor runtime need a sandbox without volume mounts",
+                inst.id
+            )));
+        }
+        if frozen {
+            return Err(Error::conflict(format!(
+                "sandbox {} is paused in memory (it could not be checkpointed); resume it first",
+                inst.id
+            )));
+        }
+        if !paused && let Some(why) = self.unsaveable(&inst.dir).await? {
+            return Err(Error::conflict(format!(
+                "sandbox {} cannot be checkpointed now: {why}",
+                inst.id
+            )));
+        }
+        if paused {
+            // The pause's own image is the state to branch from.
+            let src = inst.dir.join(IMAGE_DIR);
+            std::fs::create_dir(dest).map_err(io_err("creating the checkpoint directory"))?;
+            let copied = (|| {
+                let mut total = 0;
+                for e in std::fs::read_dir(&src).map_err(io_err("reading the paused image"))? {
+                    let e = e.map_err(io_err("reading the paused image"))?;
+                    total += std::fs::copy(e.path(), dest.join(e.file_name()))
+                        .map_err(io_err("copying the paused image"))?;
+                }
+                Ok(total)
+            })();
+            if copied.is_err() {
+                // A partial copy (the disk filled up) is no checkpoint.
+                let _ = std::fs::remove_dir_all(dest);
+            }
+            return copied.map(Capture::Copied);
+        }
+        // An image cut short by a full disk is no snapshot, and where runsc stops the sandbox
+        // to checkpoint it, cannot restart it either. So a data directory with less room than
+        // the sandbox's memory (what the image holds, at most) refuses before anything starts.
+        let needed = Cgroups::measure(&inst.handle.cgroup)
+            .memory_bytes
+            .unwrap_or(0);
+        let parent = dest.parent().unwrap_or(dest);
+        if let Ok(free) = crate::fsx::filesystem_free(parent)
+            && free < needed
+        {
+            return Err(Error::storage_full(format!(
+                "the node's data directory is full: a snapshot of sandbox {} needs up to {} MiB and {} MiB are free",
+                inst.id,
+                needed.div_ceil(1 << 20),
+                free >> 20
+            )));
+        }
+        Ok(Capture::Checkpoint)
+    }
+
+    /// Kills the Sentry processes in `cg` and waits (up to a second) until they are gone.
+    pub(super) async fn end_sentries(cg: &CgroupSet) {
+        let sentries = || {
+            Cgroups::pids(cg)
+                .into_iter()
+                .filter(|&p| is_sentry(p))
+                .collect::<Vec<_>>()
+        };
+        for pid in sentries() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        for _ in 0..100 {
+            if sentries().is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Deletes a container a checkpoint stopped after the caller has its answer (`runsc
+    /// delete` takes about a second here, waiting on what the stopped sandbox left): once
+    /// its Sentry is ended, what is left is runsc's state under a name no later start
+    /// reuses, and runsc leaves the cgroups to the node (`--ignore-cgroups`), so a restore
+    /// runs beside it. The sandbox's destroy waits for it, so nothing is left behind.
+    pub(super) fn delete_later(&self, id: &str, container: String) {
+        let runsc = self.cfg.runsc.clone();
+        self.later(id, async move {
+            let _ = runsc.delete(&container).await;
+        });
+    }
+
+    /// Runs `work` once the caller has its answer, after the sandbox's earlier such work; the
+    /// sandbox's destroy waits for all of it before removing its directory.
+    pub(super) fn later(&self, id: &str, work: impl Future<Output = ()> + Send + 'static) {
+        let mut live = self.live();
+        let before = live.get_mut(id).and_then(|l| l.pending.take());
+        let task = tokio::spawn(async move {
+            if let Some(b) = before {
+                let _ = b.await;
+            }
+            work.await;
+        });
+        if let Some(l) = live.get_mut(id) {
+            l.pending = Some(task);
+        }
+    }
+
+    /// Restores `image` into the (stopped) sandbox `inst` and records the new container.
+    pub(super) async fn restore_into(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        image: &Path,
+    ) -> Result<()> {
+        let rules = self.live().get(&inst.id).and_then(|l| l.egress.clone());
+        let (container, holder) = self
+            .launch(
+                &inst.id,
+                &inst.dir,
+                Start::Restore(image),
+                &inst.handle.cgroup,
+                inst.handle.egress,
+                rules.as_ref(),
+            )
+            .await?;
+        if let Some(l) = self.live().get_mut(&inst.id) {
+            l.container = Some(container);
+            l.holder = holder;
+            l.paused = false;
+        }
+        Ok(())
+    }
+}
