@@ -246,10 +246,16 @@ fn main() -> ExitCode {
             interpreter(i)
         }
         Command::Node(n) => {
+            if let Some(code) = sandbox_gateway::node::pid1::stand_in() {
+                return code;
+            }
             init_logging("info");
             runtime().and_then(|rt| rt.block_on(run_node(*n)))
         }
         Command::Serve(s) => {
+            if let Some(code) = sandbox_gateway::node::pid1::stand_in() {
+                return code;
+            }
             let s = *s;
             init_logging("info");
             let claim_timeout = Duration::try_from_secs_f64(s.claim_timeout_seconds)

@@ -137,6 +137,25 @@ async fn keeps_counting(c: &SandboxClient, from: u64, pid: u32, what: &str) -> u
     n2
 }
 
+/// The node's runsc containers whose names start with `prefix`, each with its status.
+fn runsc_statuses(data_dir: &std::path::Path, prefix: &str) -> Vec<(String, String)> {
+    let out = std::process::Command::new("runsc")
+        .arg("--root")
+        .arg(data_dir.join("runsc"))
+        .arg("list")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    out.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() >= 3 && cols[0].starts_with(prefix))
+                .then(|| (cols[0].to_string(), cols[2].to_string()))
+        })
+        .collect()
+}
+
 fn runsc_containers(data_dir: &std::path::Path) -> Vec<String> {
     let out = std::process::Command::new("runsc")
         .arg("--root")
@@ -189,6 +208,23 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
     let (n0, pid) = counter(&a);
 
     // Pause writes the memory to the node's disk and stops the sandbox; resume restores it.
+    let sentries = |instance: &str| -> Vec<i32> {
+        processes_under(&node.sandboxes_dir())
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                    let c = String::from_utf8_lossy(&c);
+                    c.starts_with("runsc-sandbox") && c.contains(instance)
+                })
+            })
+            .collect()
+    };
+    let instance = std::path::Path::new(&a_rec.state_dir)
+        .file_name()
+        .map(|i| i.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let running = sentries(&instance);
+    assert!(!running.is_empty(), "the sandbox's Sentry runs");
     let (rec, changed) = d.set_paused(None, &a_rec.id, true).await.unwrap();
     assert!(changed, "{rec:?}");
     let images: Vec<_> = dir_entries(&node.sandboxes_dir())
@@ -202,33 +238,37 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
         "a checkpoint on the node's disk while paused"
     );
     let image = &images[0];
-    // The paused sandbox's own runsc process ends (the node finishes its teardown after it
-    // answers); the pool's refill may run another sandbox meanwhile.
-    let instance = image
-        .parent()
-        .and_then(|i| i.file_name())
-        .map(|i| i.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let runs_a_process = || {
-        processes_under(&node.sandboxes_dir()).into_iter().any(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
-                let c = String::from_utf8_lossy(&c);
-                c.starts_with("runsc-sandbox") && c.contains(&instance)
-            })
-        })
-    };
+    assert!(image.starts_with(&a_rec.state_dir), "{}", image.display());
+    // The paused sandbox's own Sentry ends, with its memory (the node finishes its teardown
+    // after it answers), and a standby is made for its resume: a new container, created and
+    // not started, whose Sentry holds no memory of the sandbox's yet.
     eventually(
         Duration::from_secs(10),
-        "the paused sandbox runs no process",
-        || !runs_a_process(),
+        "the paused sandbox's Sentry ends",
+        || sentries(&instance).iter().all(|p| !running.contains(p)),
     )
     .await;
+    eventually(
+        Duration::from_secs(10),
+        "a standby container for the resume",
+        || {
+            let s = runsc_statuses(&node.data_dir, &instance);
+            s.len() == 1 && s[0].1 == "created"
+        },
+    )
+    .await;
+    let standby = runsc_statuses(&node.data_dir, &instance)[0].0.clone();
     assert!(
         image.join("checkpoint.img").exists(),
         "runsc's image in {}",
         image.display()
     );
     d.set_paused(None, &a_rec.id, false).await.unwrap();
+    assert_eq!(
+        runsc_statuses(&node.data_dir, &instance),
+        [(standby, "running".to_string())],
+        "the resume restored into the standby"
+    );
     let n1 = keeps_counting(&a, n0, pid, "after resume").await;
     let (value, _, server_pid) = server(&a, "/");
     assert_eq!(value, "before-pause", "the server's memory survived");
@@ -284,10 +324,122 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
     d.delete_checkpoint(&ck.id, "").await.unwrap();
     assert!(!node.data_dir.join("checkpoints").join(&ck.id).exists());
 
+    // Released while paused, with its standby: nothing of either is left (see `stop`).
+    d.set_paused(None, &a_rec.id, true).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "a standby for the second pause",
+        || {
+            runsc_statuses(&node.data_dir, &instance)
+                .iter()
+                .any(|(_, status)| status == "created")
+        },
+    )
+    .await;
     for r in children.iter().chain([&from, &a_rec]) {
         d.release(None, &r.id).await.unwrap();
     }
     stop(&tmp, d, node).await;
+}
+
+/// `pid`'s state letter and its parent, from /proc.
+fn state_and_parent(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
+}
+
+/// Zombies whose parent is one of `parents`.
+fn zombies_of(parents: &[i32]) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| {
+            state_and_parent(p)
+                .is_some_and(|(state, parent)| state == 'Z' && parents.contains(&parent))
+        })
+        .collect()
+}
+
+/// The children of `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| state_and_parent(p).is_some_and(|(_, parent)| parent == pid))
+        .collect()
+}
+
+/// A node started as PID 1 of its PID namespace (as a container's entrypoint is) inherits the
+/// Sentry and gofer runsc leaves behind: it reaps them (a paused sandbox's Sentry is not left a
+/// zombie, and `runsc delete`, which waits for that, returns), and stops cleanly on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_is_pid_1_reaps_what_runsc_leaves() {
+    if runsc().is_none() {
+        return;
+    }
+    let (tmp, token) = workspace();
+    // --kill-child: if the test fails, its namespace goes with the unshare process.
+    let mut node = NodeProc::start_via(
+        &["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"],
+        "gv",
+        &tmp.path().join("node"),
+        &token,
+        "127.0.0.1:0",
+        &["--runtime", "gvisor", "--pool", "base=1"],
+    );
+    let init = children_of(node.proc.child.id() as i32);
+    assert_eq!(init.len(), 1, "unshare's one child: {init:?}");
+    let init = init[0];
+    let ns_pid = std::fs::read_to_string(format!("/proc/{init}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("NSpid:"))
+        .and_then(|l| l.split_whitespace().last().map(str::to_string));
+    assert_eq!(
+        ns_pid.as_deref(),
+        Some("1"),
+        "the node is PID 1 of its namespace"
+    );
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    let (rec, c) = claim(&d, "a", "none").await;
+    start_holder(&c);
+    wait_holder(&c).await;
+    let (n0, pid) = counter(&c);
+    // A pause ends the sandbox's Sentry, an orphan whose parent is now PID 1.
+    d.set_paused(None, &rec.id, true).await.unwrap();
+    let mut parents = vec![init];
+    parents.extend(children_of(init));
+    eventually(
+        Duration::from_secs(10),
+        "no zombie left beneath the node",
+        || zombies_of(&parents).is_empty(),
+    )
+    .await;
+    d.set_paused(None, &rec.id, false).await.unwrap();
+    keeps_counting(&c, n0, pid, "after resume").await;
+    d.release(None, &rec.id).await.unwrap();
+    // SIGTERM to PID 1 reaches the node, which stops as usual; PID 1 ends with it.
+    d.shutdown().await;
+    // SAFETY: signalling a process this test started.
+    unsafe { libc::kill(init, libc::SIGTERM) };
+    let status = node.proc.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "exit after SIGTERM: {status:?}");
+    let dir = node.sandboxes_dir();
+    assert_no_leaks(tmp.path(), &[dir]).await;
+    assert_eq!(
+        cgroup_instances(&node.data_dir),
+        0,
+        "sandbox cgroups left behind"
+    );
+    assert!(
+        runsc_containers(&node.data_dir).is_empty(),
+        "runsc containers left behind"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

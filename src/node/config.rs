@@ -95,6 +95,8 @@ pub struct RuntimeChoice {
     pub runsc_platform: String,
     /// Leave the host's kernel settings as they are (see `gvisor::hostmem`).
     pub protect_kernel_defaults: bool,
+    /// How many paused gVisor sandboxes have their restore's container made ahead.
+    pub resume_standbys: usize,
 }
 
 impl Default for RuntimeChoice {
@@ -104,9 +106,14 @@ impl Default for RuntimeChoice {
             runsc: None,
             runsc_platform: "auto".into(),
             protect_kernel_defaults: false,
+            resume_standbys: DEFAULT_RESUME_STANDBYS,
         }
     }
 }
+
+/// Paused gVisor sandboxes whose resume is readied ahead, by default: each standby is a waiting
+/// Sentry and gofer of about 24 MiB (see `gvisor::standby`).
+pub const DEFAULT_RESUME_STANDBYS: usize = 8;
 
 /// Sandbox root is this host uid by default: far above the ranges `/etc/subuid` hands out to
 /// people (100000 and up), so no local user's own containers share ids with sandboxes.

@@ -91,6 +91,7 @@ fn pick_runtime(
                     egress_hosts: node.egress_hosts.clone(),
                     secrets: node.secrets.clone(),
                     egress_trust: node.egress_trust.clone(),
+                    standbys: choice.resume_standbys,
                 },
             )?)))
         }

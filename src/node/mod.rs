@@ -17,6 +17,7 @@ pub mod metrics;
 mod network;
 mod ops;
 mod pause;
+pub mod pid1;
 mod pools;
 mod readiness;
 pub mod runtime;

@@ -94,7 +94,9 @@ impl<R: Runtime> Node<R> {
         let record = match step {
             Step::Freeze => {
                 self.inner.runtime.pause(&inst).await?;
-                self.settle(id, Some(PauseMode::Full), None)?
+                let record = self.settle(id, Some(PauseMode::Full), None)?;
+                self.ready_resume_later(id);
+                record
             }
             Step::Thaw => {
                 self.inner.runtime.resume(&inst).await?;
@@ -108,6 +110,25 @@ impl<R: Runtime> Node<R> {
             }
         };
         Ok((record, true))
+    }
+
+    /// Once the pause has answered, lets the runtime ready the sandbox's resume (see
+    /// `Runtime::ready_resume`), under the sandbox's verb lock, so that no verb (a resume, a
+    /// release) meets it half done: a resume that comes sooner waits for it.
+    fn ready_resume_later(&self, id: &str) {
+        let node = self.clone();
+        let id = id.to_string();
+        self.inner.tasks.spawn(async move {
+            let Ok((_guard, record, inst)) = node.lock_claim(&id).await else {
+                return;
+            };
+            if record.phase != Phase::Paused || record.paused_on_disk() {
+                return;
+            }
+            if let Err(e) = node.inner.runtime.ready_resume(&inst).await {
+                tracing::warn!(sandbox = %id, error = %e, "could not ready the paused sandbox's resume; it resumes without");
+            }
+        });
     }
 
     /// Saves the instance's files and destroys it; the claim stays, paused on disk.

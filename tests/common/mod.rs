@@ -148,7 +148,21 @@ pub fn process_name(pid: i32) -> String {
 
 impl Proc {
     pub fn spawn(args: &[String]) -> Proc {
-        let mut child = Command::new(BIN)
+        Self::spawn_via(&[], args)
+    }
+
+    /// `spawn`, with the binary started by `wrapper` (a program and its arguments, such as
+    /// `unshare --pid --fork`) when it names one.
+    pub fn spawn_via(wrapper: &[String], args: &[String]) -> Proc {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let mut child = cmd
             .args(args)
             .env("SANDBOX_GATEWAY_TEMPLATES_DIR", templates_dir())
             .env(
@@ -267,11 +281,25 @@ pub struct NodeProc {
     pub data_addr: String,
     pub data_dir: PathBuf,
     args: Vec<String>,
+    /// What starts the binary (see `Proc::spawn_via`); empty for the binary itself.
+    wrapper: Vec<String>,
 }
 
 impl NodeProc {
     /// Starts `sandbox-gateway node` on `listen` (use port 0 for any) with `extra` flags.
     pub fn start(
+        name: &str,
+        data_dir: &Path,
+        token_file: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> NodeProc {
+        Self::start_via(&[], name, data_dir, token_file, listen, extra)
+    }
+
+    /// `start`, with the binary started by `wrapper` (see `Proc::spawn_via`).
+    pub fn start_via(
+        wrapper: &[&str],
         name: &str,
         data_dir: &Path,
         token_file: &Path,
@@ -293,11 +321,12 @@ impl NodeProc {
             "127.0.0.1:0".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::from_args(name, data_dir, args)
+        let wrapper: Vec<String> = wrapper.iter().map(|s| s.to_string()).collect();
+        Self::from_args(name, data_dir, args, wrapper)
     }
 
-    fn from_args(name: &str, data_dir: &Path, args: Vec<String>) -> NodeProc {
-        let mut proc = Proc::spawn(&args);
+    fn from_args(name: &str, data_dir: &Path, args: Vec<String>, wrapper: Vec<String>) -> NodeProc {
+        let mut proc = Proc::spawn_via(&wrapper, &args);
         let line = proc.wait_line("listening on", Duration::from_secs(30));
         let addr = line
             .split("listening on ")
@@ -318,13 +347,14 @@ impl NodeProc {
             data_addr,
             data_dir: data_dir.to_path_buf(),
             args,
+            wrapper,
         }
     }
 
     /// Starts the same node again (same flags and data directory).
     pub fn restart(&mut self) {
         let args = self.args.clone();
-        let fresh = Self::from_args(&self.name, &self.data_dir, args);
+        let fresh = Self::from_args(&self.name, &self.data_dir, args, self.wrapper.clone());
         *self = fresh;
     }
 

@@ -176,6 +176,10 @@ impl Runtime for AnyRuntime {
         on!(self, inst, |r, i| r.resume(&i).await)
     }
 
+    async fn ready_resume(&self, inst: &Instance<AnyHandle>) -> Result<()> {
+        on!(self, inst, |r, i| r.ready_resume(&i).await)
+    }
+
     async fn capture(&self, inst: &Instance<AnyHandle>, paused: bool, dest: &Path) -> Result<u64> {
         on!(self, inst, |r, i| r.capture(&i, paused, dest).await)
     }

@@ -212,6 +212,16 @@ pub trait Runtime: Send + Sync + 'static {
 
     fn resume(&self, inst: &Instance<Self::Handle>) -> impl Future<Output = Result<()>> + Send;
 
+    /// Readies a paused instance's resume once its pause has answered: nothing by default; a
+    /// gVisor node starts the processes its restore will run in.
+    fn ready_resume(
+        &self,
+        inst: &Instance<Self::Handle>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = inst;
+        async { Ok(()) }
+    }
+
     /// Captures the instance's state into the directory `dest` (which must not exist),
     /// consistent as of one moment, so that `BootSpec::seed` can start copies of it; returns
     /// the bytes captured. `paused` says whether the instance is paused now.

@@ -234,23 +234,35 @@ impl GvisorRuntime {
         }
     }
 
-    /// Restores `image` into the (stopped) sandbox `inst` and records the new container.
+    /// Restores `image` into the (stopped) sandbox `inst` and records the new container: into
+    /// its standby if it has one (see `standby`), else, or if that fails, into a new one.
     pub(super) async fn restore_into(
         &self,
         inst: &Instance<GvisorHandle>,
         image: &Path,
     ) -> Result<()> {
         let rules = self.live().get(&inst.id).and_then(|l| l.egress.clone());
-        let (container, holder) = self
-            .launch(
+        let launch = |start| {
+            self.launch(
                 &inst.id,
                 &inst.dir,
-                Start::Restore(image),
+                start,
                 &inst.handle.cgroup,
                 inst.handle.egress,
                 rules.as_ref(),
             )
-            .await?;
+        };
+        let launched = match self.take_standby(&inst.id) {
+            Some(s) => match launch(Start::Into(image, Box::new(s))).await {
+                Ok(l) => Ok(l),
+                Err(e) => {
+                    tracing::warn!(instance = %inst.id, error = %e, "restoring into the sandbox's standby failed; restoring into a new container");
+                    launch(Start::Restore(image)).await
+                }
+            },
+            None => launch(Start::Restore(image)).await,
+        };
+        let (container, holder) = launched?;
         if let Some(l) = self.live().get_mut(&inst.id) {
             l.container = Some(container);
             l.holder = holder;

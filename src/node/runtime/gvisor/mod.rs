@@ -14,6 +14,7 @@ pub mod holder;
 pub mod hostmem;
 pub mod oomguard;
 pub mod runsc;
+mod standby;
 pub mod views;
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ use crate::templates::{Template, TemplateStore};
 use buildroot::BuildRoots;
 use holder::Holder;
 use runsc::Runsc;
+use standby::Standby;
 use views::{ChildMounts, IdViews};
 
 #[derive(Debug, Clone)]
@@ -68,6 +70,8 @@ pub struct GvisorConfig {
     pub secrets: Option<std::sync::Arc<crate::secrets::SecretStore>>,
     /// CA files the egress proxy trusts for upstreams, besides the system's.
     pub egress_trust: Vec<String>,
+    /// How many paused sandboxes have their restore's container made ahead (see `standby`).
+    pub standbys: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -109,6 +113,8 @@ struct Live {
     oom_kills: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Work left for after an answer (see `later`), which its destroy waits for.
     pending: Option<tokio::task::JoinHandle<()>>,
+    /// The container its next restore goes into, made while it is paused (see `standby`).
+    standby: Option<Standby>,
 }
 
 /// Written beside a checkpoint image: what a restore of it needs.
@@ -131,6 +137,8 @@ enum Start<'a> {
     Fresh(Option<&'a ChildMounts>),
     /// From a checkpoint image.
     Restore(&'a Path),
+    /// From a checkpoint image, into a container made for it ahead (see `standby`).
+    Into(&'a Path, Box<Standby>),
 }
 
 const IMAGE_META: &str = "sandbox.json";
@@ -401,13 +409,13 @@ impl GvisorRuntime {
         Ok(answer)
     }
 
-    /// Starts the sandbox of `dir` as `start` says and waits for its door. With egress it
-    /// first gets a new network holder, which is returned with the container's name.
-    async fn launch(
+    /// Readies a start of the sandbox of `dir`: a new door generation, and with egress a new
+    /// network holder (its rules in force) that the bundle joins. Answers a new container
+    /// name and the holder.
+    async fn ground(
         &self,
         inst_id: &str,
         dir: &Path,
-        start: Start<'_>,
         cg: &CgroupSet,
         egress: bool,
         rules: Option<&Egress>,
@@ -439,25 +447,47 @@ impl GvisorRuntime {
         } else {
             None
         };
-        let container = format!("{inst_id}-{}", ids::random_hex(3));
+        Ok((format!("{inst_id}-{}", ids::random_hex(3)), holder))
+    }
+
+    /// Starts the sandbox of `dir` as `start` says and waits for its door: in the container
+    /// `made` (a standby, see `standby`) when given, else in a new one readied by `ground`.
+    /// Answers the container's name and its network holder.
+    async fn launch(
+        &self,
+        inst_id: &str,
+        dir: &Path,
+        start: Start<'_>,
+        cg: &CgroupSet,
+        egress: bool,
+        rules: Option<&Egress>,
+    ) -> Result<(String, Option<Holder>)> {
+        let (made, image, root) = match start {
+            Start::Into(image, made) => (Some(made), Some(image), None),
+            Start::Restore(image) => (None, Some(image), None),
+            Start::Fresh(root) => (None, None, root),
+        };
+        let standby = made.is_some();
+        let (container, holder) = match made {
+            Some(s) => (s.container, s.holder),
+            None => self.ground(inst_id, dir, cg, egress, rules).await?,
+        };
         let bundle = dir.join("bundle");
-        match start {
-            Start::Restore(image) => {
-                self.cfg
-                    .runsc
-                    .restore(image, &bundle, &container, cg, egress)
-                    .await?
+        let runsc = &self.cfg.runsc;
+        let started = match image {
+            Some(image) => runsc.restore(image, &bundle, &container, cg, egress).await,
+            None => runsc.run(&bundle, &container, cg, egress, root).await,
+        };
+        if let Err(e) = started {
+            if standby {
+                // The container was made before; a failed restore leaves it.
+                let _ = runsc.delete(&container).await;
             }
-            Start::Fresh(root) => {
-                self.cfg
-                    .runsc
-                    .run(&bundle, &container, cg, egress, root)
-                    .await?
-            }
+            return Err(e);
         }
         let door = Instant::now();
         if let Err(e) = self.wait_door(dir, None, self.cfg.boot_timeout).await {
-            let _ = self.cfg.runsc.delete(&container).await;
+            let _ = runsc.delete(&container).await;
             return Err(e);
         }
         tracing::debug!(
@@ -828,6 +858,7 @@ impl Runtime for GvisorRuntime {
                 _guard: guard,
                 oom_kills,
                 pending: None,
+                standby: None,
             },
         );
         let inst = Instance {
@@ -864,6 +895,9 @@ impl Runtime for GvisorRuntime {
             }
             if let Some(c) = l.container {
                 let _ = self.cfg.runsc.delete(&c).await;
+            }
+            if let Some(s) = l.standby {
+                self.drop_standby(s).await;
             }
         }
         let cgroups = self.cgroups.clone();
@@ -959,6 +993,10 @@ impl Runtime for GvisorRuntime {
             "resumed from the pause's image"
         );
         Ok(())
+    }
+
+    async fn ready_resume(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
+        self.make_standby(inst).await
     }
 
     async fn capture(

@@ -247,19 +247,28 @@ impl Runsc {
         egress: bool,
         mounts: Option<&ChildMounts>,
     ) -> Result<()> {
-        let args: Vec<OsString> = vec![
-            network_flag(egress).into(),
-            "run".into(),
-            "--bundle".into(),
-            bundle.into(),
-            "--detach".into(),
-            id.into(),
-        ];
+        let args = of_bundle("run", &["--detach".into()], bundle, id, egress);
         self.call_with("run", &args, Some(cgroup), egress, mounts)
             .await
     }
 
-    /// Starts a container from a checkpoint image, detached, inside `cgroup`.
+    /// Makes a container of the bundle without starting it, inside `cgroup`: its Sentry and
+    /// gofer run and wait, and a `restore` under the same name loads an image into them
+    /// instead of starting its own (see `standby`).
+    pub async fn create(
+        &self,
+        bundle: &Path,
+        id: &str,
+        cgroup: &CgroupSet,
+        egress: bool,
+    ) -> Result<()> {
+        let args = of_bundle("create", &[], bundle, id, egress);
+        self.call_with("create", &args, Some(cgroup), egress, None)
+            .await
+    }
+
+    /// Starts a container from a checkpoint image, detached, inside `cgroup`; into the
+    /// container of that name if one was made (`create`), else into a new one.
     pub async fn restore(
         &self,
         image: &Path,
@@ -268,16 +277,8 @@ impl Runsc {
         cgroup: &CgroupSet,
         egress: bool,
     ) -> Result<()> {
-        let args: Vec<OsString> = vec![
-            network_flag(egress).into(),
-            "restore".into(),
-            "--image-path".into(),
-            image.into(),
-            "--bundle".into(),
-            bundle.into(),
-            "--detach".into(),
-            id.into(),
-        ];
+        let flags = ["--image-path".into(), image.into(), "--detach".into()];
+        let args = of_bundle("restore", &flags, bundle, id, egress);
         self.call_with("restore", &args, Some(cgroup), egress, None)
             .await
     }
@@ -337,6 +338,20 @@ impl Runsc {
     }
 }
 
+/// `runsc [NETWORK] VERB FLAGS --bundle BUNDLE ID`, the network as `egress` asks.
+fn of_bundle(
+    verb: &str,
+    flags: &[OsString],
+    bundle: &Path,
+    id: &str,
+    egress: bool,
+) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec![network_flag(egress).into(), verb.into()];
+    a.extend(flags.iter().cloned());
+    a.extend(["--bundle".into(), bundle.into(), id.into()]);
+    a
+}
+
 fn network_flag(egress: bool) -> &'static str {
     if egress {
         "--network=sandbox"
@@ -390,6 +405,34 @@ mod tests {
             Some(20240801)
         );
         assert_eq!(build_date("runsc version 0.0.0"), None);
+    }
+
+    #[test]
+    fn bundle_commands_put_flags_before_the_container() {
+        let args = of_bundle(
+            "restore",
+            &["--image-path".into(), "/img".into()],
+            Path::new("/b"),
+            "c1",
+            true,
+        );
+        assert_eq!(
+            args,
+            [
+                "--network=sandbox",
+                "restore",
+                "--image-path",
+                "/img",
+                "--bundle",
+                "/b",
+                "c1"
+            ]
+            .map(OsString::from)
+        );
+        assert_eq!(
+            of_bundle("create", &[], Path::new("/b"), "c2", false),
+            ["--network=none", "create", "--bundle", "/b", "c2"].map(OsString::from)
+        );
     }
 
     #[test]

@@ -1,0 +1,116 @@
+//! Containers made ahead for paused sandboxes' resumes. `runsc restore` into a container that
+//! exists already skips starting runsc's sandbox processes (the Sentry, its gofer and their
+//! seccomp programs: about 100 ms here), so a resume pays for loading its image only. Each
+//! standby is a waiting Sentry and gofer (about 24 MiB, in the sandbox's own cgroup), so a node
+//! keeps a few, for the sandboxes paused most recently; the others resume the slower way.
+
+use super::*;
+
+/// A container made for a paused sandbox's restore, with its network holder (egress).
+pub(super) struct Standby {
+    pub container: String,
+    pub holder: Option<Holder>,
+    /// When it was made: the oldest gives way when the node keeps its fill.
+    pub made: Instant,
+}
+
+impl GvisorRuntime {
+    /// Makes a standby for `inst` if it is paused to disk, has none and the node keeps any;
+    /// the oldest other standby gives way when the node has its fill.
+    pub(super) async fn make_standby(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
+        if self.cfg.standbys == 0 {
+            return Ok(());
+        }
+        let rules = match self.live().get(&inst.id) {
+            Some(l) if l.paused && !l.frozen && l.container.is_none() && l.standby.is_none() => {
+                l.egress.clone()
+            }
+            _ => return Ok(()),
+        };
+        let started = Instant::now();
+        let cg = &inst.handle.cgroup;
+        let egress = inst.handle.egress;
+        let (container, holder) = self
+            .ground(&inst.id, &inst.dir, cg, egress, rules.as_ref())
+            .await?;
+        let bundle = inst.dir.join("bundle");
+        if let Err(e) = self.cfg.runsc.create(&bundle, &container, cg, egress).await {
+            // A create that failed half way may have left its processes.
+            let _ = self.cfg.runsc.delete(&container).await;
+            return Err(e);
+        }
+        let made = Standby {
+            container,
+            holder,
+            made: Instant::now(),
+        };
+        let (leftover, evicted) = {
+            let mut live = self.live();
+            match live.get_mut(&inst.id) {
+                // Released while it was made.
+                None => (Some(made), Vec::new()),
+                Some(l) => {
+                    l.standby = Some(made);
+                    let ages: Vec<(String, Instant)> = live
+                        .iter()
+                        .filter_map(|(id, l)| l.standby.as_ref().map(|s| (id.clone(), s.made)))
+                        .collect();
+                    let evicted = overflow(ages, self.cfg.standbys)
+                        .into_iter()
+                        .filter_map(|id| live.get_mut(&id).and_then(|l| l.standby.take()))
+                        .collect();
+                    (None, evicted)
+                }
+            }
+        };
+        for s in leftover.into_iter().chain(evicted) {
+            self.drop_standby(s).await;
+        }
+        tracing::debug!(
+            instance = %inst.id,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "made a standby for the sandbox's resume"
+        );
+        Ok(())
+    }
+
+    /// The sandbox's standby, if it has one; it is the caller's from here.
+    pub(super) fn take_standby(&self, id: &str) -> Option<Standby> {
+        self.live().get_mut(id).and_then(|l| l.standby.take())
+    }
+
+    /// Ends a standby's container; its holder goes with it.
+    pub(super) async fn drop_standby(&self, s: Standby) {
+        let _ = self.cfg.runsc.delete(&s.container).await;
+    }
+}
+
+/// Which of the standbys (each a sandbox and when its standby was made) give way so that at
+/// most `keep` are left: the oldest.
+fn overflow(mut ages: Vec<(String, Instant)>, keep: usize) -> Vec<String> {
+    ages.sort_by_key(|(_, made)| std::cmp::Reverse(*made));
+    ages.into_iter().skip(keep).map(|(id, _)| id).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_standbys_give_way() {
+        let t = Instant::now();
+        let at = |ms| t + Duration::from_millis(ms);
+        let ages = vec![
+            ("b".to_string(), at(20)),
+            ("a".to_string(), at(10)),
+            ("d".to_string(), at(40)),
+            ("c".to_string(), at(30)),
+        ];
+        let mut gone = overflow(ages.clone(), 2);
+        gone.sort();
+        assert_eq!(gone, ["a", "b"]);
+        assert_eq!(overflow(ages.clone(), 4), Vec::<String>::new());
+        assert_eq!(overflow(ages.clone(), 9), Vec::<String>::new());
+        assert_eq!(overflow(ages, 0).len(), 4);
+    }
+}
