@@ -203,6 +203,22 @@ def test_an_update_reaches_open_connections_and_can_be_lifted():
         sbx.kill()
 
 
+def test_an_update_while_paused_holds_after_resume():
+    sbx = Sandbox.create()
+    try:
+        assert reaches(sbx, B)
+        assert sbx.pause()
+        # A gVisor node readies a paused sandbox's resume (its network among it) once the
+        # pause has answered; the update reaches what was made ahead too.
+        time.sleep(1)
+        sbx.update_network({"deny_out": [B]})
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=300)
+        assert not reaches(resumed, B) and reaches(resumed, A)
+        assert resumed.get_info().network["deny_out"] == [B]
+    finally:
+        sbx.kill()
+
+
 def test_the_sandbox_cannot_route_around_its_policy():
     sbx = Sandbox.create(network={"deny_out": [B]})
     try:

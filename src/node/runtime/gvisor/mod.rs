@@ -676,8 +676,11 @@ impl Runtime for GvisorRuntime {
                 .get_mut(&inst.id)
                 .ok_or_else(|| Error::unavailable(format!("sandbox {} is not running", inst.id)))?;
             l.egress = egress.cloned();
-            // A checkpointed sandbox has no holder; its next one gets the rules at birth.
-            l.holder.as_ref().map(Holder::router_netns)
+            // A checkpointed sandbox has no holder of its own; its next one gets the rules at
+            // birth, unless it was made already, for its standby (see `standby`), whose
+            // rules change now, before the resume that runs the sandbox behind it.
+            let standby = l.standby.as_ref().and_then(|s| s.holder.as_ref());
+            l.holder.as_ref().or(standby).map(Holder::router_netns)
         };
         match netns {
             Some(router) => self.enforce(&inst.id, router, egress).await,
