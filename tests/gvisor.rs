@@ -263,11 +263,31 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
         "runsc's image in {}",
         image.display()
     );
+    // The standby's restore is started and held before it reads anything: one waits, and
+    // keeps waiting (the container stays created) until the resume comes.
+    eventually(
+        Duration::from_secs(10),
+        "a held restore for the standby",
+        || held_restores(&standby).len() == 1,
+    )
+    .await;
+    let held = held_restores(&standby);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(held_restores(&standby), held, "the held restore waits");
+    assert_eq!(
+        runsc_statuses(&node.data_dir, &instance),
+        [(standby.clone(), "created".to_string())],
+        "a held restore loads nothing"
+    );
     d.set_paused(None, &a_rec.id, false).await.unwrap();
     assert_eq!(
         runsc_statuses(&node.data_dir, &instance),
-        [(standby, "running".to_string())],
+        [(standby.clone(), "running".to_string())],
         "the resume restored into the standby"
+    );
+    assert!(
+        held_restores(&standby).is_empty(),
+        "the held restore went on and ended"
     );
     let n1 = keeps_counting(&a, n0, pid, "after resume").await;
     let (value, _, server_pid) = server(&a, "/");
@@ -340,6 +360,24 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
         d.release(None, &r.id).await.unwrap();
     }
     stop(&tmp, d, node).await;
+}
+
+/// The `runsc restore` processes held for `container` (their log is the node's FIFO
+/// `<container>.hold`).
+fn held_restores(container: &str) -> Vec<i32> {
+    let hold = format!("{container}.hold");
+    let mut pids: Vec<i32> = dir_entries(std::path::Path::new("/proc"))
+        .into_iter()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                let args: Vec<_> = c.split(|b| *b == 0).collect();
+                args.contains(&&b"restore"[..]) && args.iter().any(|a| a.ends_with(hold.as_bytes()))
+            })
+        })
+        .collect();
+    pids.sort();
+    pids
 }
 
 /// `pid`'s state letter and its parent, from /proc.

@@ -176,6 +176,20 @@ impl Runsc {
         network: bool,
         mounts: Option<&ChildMounts>,
     ) -> Result<()> {
+        self.spawn(what, args, cgroup, network, mounts)?
+            .finish()
+            .await
+    }
+
+    /// Starts one runsc command as `call_with` describes; `Spawned::finish` waits for it.
+    fn spawn(
+        &self,
+        what: &str,
+        args: &[OsString],
+        cgroup: Option<&CgroupSet>,
+        network: bool,
+        mounts: Option<&ChildMounts>,
+    ) -> Result<Spawned> {
         let started = std::time::Instant::now();
         let err_path = self.root.join(format!(
             "{what}-{}.stderr",
@@ -211,30 +225,18 @@ impl Runsc {
                 .map_err(|e| Error::io("joining the sandbox cgroups", e))?,
             None => Vec::new(),
         };
-        let status = cmd.status().await;
-        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-        let _ = std::fs::remove_file(&err_path);
-        let status = status.map_err(|e| Error::io(format!("running runsc {what}"), e))?;
-        if !status.success() {
-            let last = stderr
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            // runsc reports a full disk (writing a checkpoint image, say) only in its output.
-            if stderr.to_lowercase().contains("no space left on device") {
-                return Err(Error::storage_full(format!(
-                    "the node's data directory is full: runsc {what} failed: {last}"
-                )));
-            }
-            return Err(Error::internal(format!("runsc {what} failed: {last}")));
-        }
-        tracing::debug!(
-            what,
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "runsc answered"
-        );
-        Ok(())
+        // Made first, so that its drop removes the error file if the spawn fails.
+        let mut spawned = Spawned {
+            what: what.to_string(),
+            child: None,
+            err_path,
+            started,
+        };
+        let child = cmd
+            .spawn()
+            .map_err(|e| Error::io(format!("running runsc {what}"), e))?;
+        spawned.child = Some(child);
+        Ok(spawned)
     }
 
     /// Starts a container of the bundle, detached, inside `cgroup`; with `egress` on the network
@@ -267,20 +269,64 @@ impl Runsc {
             .await
     }
 
-    /// Starts a container from a checkpoint image, detached, inside `cgroup`; into the
-    /// container of that name if one was made (`create`), else into a new one.
+    /// Starts a container from a checkpoint image, detached; into the container of that name
+    /// if one was made (`create`), else into a new one, whose processes start inside `cgroup`.
     pub async fn restore(
+        &self,
+        image: &Path,
+        bundle: &Path,
+        id: &str,
+        cgroup: Option<&CgroupSet>,
+        egress: bool,
+    ) -> Result<()> {
+        let flags = ["--image-path".into(), image.into(), "--detach".into()];
+        let args = of_bundle("restore", &flags, bundle, id, egress);
+        self.call_with("restore", &args, cgroup, egress, None).await
+    }
+
+    /// Starts `restore` as `restore` does, but held before it reads anything: runsc opens its
+    /// error log (`--log`) first thing, and here that is a FIFO nobody reads yet, so runsc
+    /// waits in that open with its start-up (about 25 ms here) done. `HeldRestore::release`
+    /// lets it go on. Answers once runsc is seen waiting there; an error (and nothing left
+    /// running) if it is not.
+    pub async fn hold_restore(
         &self,
         image: &Path,
         bundle: &Path,
         id: &str,
         cgroup: &CgroupSet,
         egress: bool,
-    ) -> Result<()> {
+    ) -> Result<HeldRestore> {
+        let fifo = self.root.join(format!("{id}.hold"));
+        let _ = std::fs::remove_file(&fifo);
+        nix::unistd::mkfifo(
+            &fifo,
+            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+        )
+        .map_err(|e| Error::io("making the restore's hold", e.into()))?;
+        let mut args: Vec<OsString> = vec![format!("--log={}", fifo.display()).into()];
         let flags = ["--image-path".into(), image.into(), "--detach".into()];
-        let args = of_bundle("restore", &flags, bundle, id, egress);
-        self.call_with("restore", &args, Some(cgroup), egress, None)
-            .await
+        args.extend(of_bundle("restore", &flags, bundle, id, egress));
+        // Made first, so that its drop removes the FIFO if anything below fails.
+        let mut held = HeldRestore {
+            fifo,
+            image: image.to_path_buf(),
+            spawned: None,
+        };
+        let spawned = self.spawn("restore", &args, Some(cgroup), egress, None)?;
+        let pid = spawned.child.as_ref().and_then(|c| c.id());
+        held.spawned = Some(spawned);
+        let deadline = std::time::Instant::now() + HOLD_WITHIN;
+        while !pid.is_some_and(opening) {
+            if std::time::Instant::now() > deadline {
+                // Dropped: runsc is killed; the caller deletes the container.
+                return Err(Error::internal(format!(
+                    "runsc restore of {id} was not seen waiting on its log within {HOLD_WITHIN:?}"
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        Ok(held)
     }
 
     /// Writes the container's state (memory, processes, files) to `image`; the container
@@ -336,6 +382,116 @@ impl Runsc {
             _ => Vec::new(),
         }
     }
+}
+
+/// A runsc command started; `finish` waits for it and reads its answer.
+struct Spawned {
+    what: String,
+    /// None only while it is being made.
+    child: Option<tokio::process::Child>,
+    err_path: PathBuf,
+    started: std::time::Instant,
+}
+
+impl Spawned {
+    async fn finish(mut self) -> Result<()> {
+        let what = self.what.clone();
+        let status = match self.child.take() {
+            Some(mut c) => c.wait().await,
+            None => Err(std::io::Error::other("not started")),
+        };
+        let stderr = std::fs::read_to_string(&self.err_path).unwrap_or_default();
+        let status = status.map_err(|e| Error::io(format!("running runsc {what}"), e))?;
+        if !status.success() {
+            let last = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            // runsc reports a full disk (writing a checkpoint image, say) only in its output.
+            if stderr.to_lowercase().contains("no space left on device") {
+                return Err(Error::storage_full(format!(
+                    "the node's data directory is full: runsc {what} failed: {last}"
+                )));
+            }
+            return Err(Error::internal(format!("runsc {what} failed: {last}")));
+        }
+        tracing::debug!(
+            what,
+            ms = self.started.elapsed().as_secs_f64() * 1e3,
+            "runsc answered"
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.err_path);
+    }
+}
+
+/// How long a held restore may take to reach its wait (runsc's start-up, under load).
+const HOLD_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A `runsc restore` waiting to go on (see `Runsc::hold_restore`). Dropped, it is killed
+/// before it has done anything.
+pub struct HeldRestore {
+    fifo: PathBuf,
+    /// The image it restores.
+    pub image: PathBuf,
+    spawned: Option<Spawned>,
+}
+
+impl HeldRestore {
+    /// Lets the restore go on and waits for its answer.
+    pub async fn release(mut self) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Opening the read end completes runsc's open. It stays open until runsc ends: a
+        // write into a FIFO with no reader would end runsc (SIGPIPE).
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.fifo)
+            .map_err(|e| Error::io("releasing the held restore", e))?;
+        let answer = match self.spawned.take() {
+            Some(s) => s.finish().await,
+            None => Err(Error::internal("the held restore was not started")),
+        };
+        drop(reader);
+        answer
+    }
+}
+
+impl Drop for HeldRestore {
+    fn drop(&mut self) {
+        // Not released: runsc still waits in its open, before it has done anything. Killed,
+        // it is reaped by tokio once dropped.
+        if let Some(c) = self.spawned.as_mut().and_then(|s| s.child.as_mut()) {
+            let _ = c.start_kill();
+        }
+        self.spawned.take();
+        let _ = std::fs::remove_file(&self.fifo);
+    }
+}
+
+/// Whether process `pid` is in an `open` that has not returned: a held restore's runsc waits
+/// in one for a reader of its log. Any of its threads may be the one.
+fn opening(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks
+        .flatten()
+        .any(|t| in_open(&std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default()))
+}
+
+/// Whether a `/proc/PID/task/TID/syscall` line is a thread blocked in open or openat.
+fn in_open(line: &str) -> bool {
+    matches!(
+        line.split_whitespace().next().and_then(|n| n.parse::<i64>().ok()),
+        Some(n) if n == libc::SYS_openat || n == libc::SYS_open
+    )
 }
 
 /// `runsc [NETWORK] VERB FLAGS --bundle BUNDLE ID`, the network as `egress` asks.
@@ -396,6 +552,22 @@ fn hide_proc_sys_net() -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_in_open_is_told_from_one_elsewhere() {
+        let openat = format!(
+            "{} 0xffffff9c 0xc000124000 0x80441 0x1a4 0x0 0x0 0x7ffd 0x4a",
+            libc::SYS_openat
+        );
+        assert!(in_open(&openat));
+        assert!(in_open(&format!("{} 0x1 0x2", libc::SYS_open)));
+        assert!(!in_open(
+            "202 0xc0000a0148 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x4a"
+        ));
+        assert!(!in_open("running"));
+        assert!(!in_open("-1 0x7ffd 0x4a"));
+        assert!(!in_open(""));
+    }
 
     #[test]
     fn build_dates_come_from_either_version_style() {
