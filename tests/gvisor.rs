@@ -181,6 +181,12 @@ async fn stop(tmp: &tempfile::TempDir, d: Dispatcher, mut node: NodeProc) {
         runsc_containers(&data).is_empty(),
         "runsc containers left behind"
     );
+    // Nor a held restore's FIFO, nor a runsc command's error file.
+    let left: Vec<String> = dir_entries(&data.join("runsc"))
+        .into_iter()
+        .filter(|f| f.ends_with(".hold") || f.ends_with(".stderr"))
+        .collect();
+    assert!(left.is_empty(), "runsc files left behind: {left:?}");
     assert!(
         dir_entries(&data.join("checkpoints")).is_empty(),
         "checkpoint data left behind"
@@ -268,12 +274,16 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
     eventually(
         Duration::from_secs(10),
         "a held restore for the standby",
-        || held_restores(&standby).len() == 1,
+        || held_restores(&node.data_dir, &standby).len() == 1,
     )
     .await;
-    let held = held_restores(&standby);
+    let held = held_restores(&node.data_dir, &standby);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(held_restores(&standby), held, "the held restore waits");
+    assert_eq!(
+        held_restores(&node.data_dir, &standby),
+        held,
+        "the held restore waits"
+    );
     assert_eq!(
         runsc_statuses(&node.data_dir, &instance),
         [(standby.clone(), "created".to_string())],
@@ -286,7 +296,7 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
         "the resume restored into the standby"
     );
     assert!(
-        held_restores(&standby).is_empty(),
+        held_restores(&node.data_dir, &standby).is_empty(),
         "the held restore went on and ended"
     );
     let n1 = keeps_counting(&a, n0, pid, "after resume").await;
@@ -308,6 +318,10 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
         );
         server(k, &format!("/set/child-{i}"));
     }
+    assert!(
+        held_restores(&node.data_dir, "").is_empty(),
+        "the children's restores, made while the source's checkpoint ran, went on"
+    );
     assert_eq!(server(&kids[0], "/").0, "child-0");
     assert_eq!(server(&kids[1], "/").0, "child-1");
     assert_eq!(
@@ -362,17 +376,22 @@ async fn memory_survives_pause_resume_forks_and_snapshots() {
     stop(&tmp, d, node).await;
 }
 
-/// The `runsc restore` processes held for `container` (their log is the node's FIFO
-/// `<container>.hold`).
-fn held_restores(container: &str) -> Vec<i32> {
-    let hold = format!("{container}.hold");
+/// The `runsc restore` processes a node (of `data_dir`) holds for containers whose names
+/// start with `prefix` (their log is the node's FIFO `<container>.hold` in its runsc root).
+fn held_restores(data_dir: &std::path::Path, prefix: &str) -> Vec<i32> {
+    let log = format!("--log={}/", data_dir.join("runsc").display());
     let mut pids: Vec<i32> = dir_entries(std::path::Path::new("/proc"))
         .into_iter()
         .filter_map(|p| p.parse::<i32>().ok())
         .filter(|p| {
             std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
                 let args: Vec<_> = c.split(|b| *b == 0).collect();
-                args.contains(&&b"restore"[..]) && args.iter().any(|a| a.ends_with(hold.as_bytes()))
+                args.contains(&&b"restore"[..])
+                    && args.iter().any(|a| {
+                        let a = String::from_utf8_lossy(a);
+                        a.strip_prefix(&log)
+                            .is_some_and(|c| c.starts_with(prefix) && c.ends_with(".hold"))
+                    })
             })
         })
         .collect();

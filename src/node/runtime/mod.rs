@@ -233,10 +233,12 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64>> + Send;
 
     /// `capture`, running `meanwhile` (boots from `dest`: a fork's children) as soon as
-    /// `dest` is complete. A runtime that stops the instance to capture it brings it back
-    /// alongside `meanwhile` instead of before it, so a fork waits for the longer of the two,
-    /// not their sum. Answers the capture's result and `meanwhile`'s output if it ran (it
-    /// does not when nothing was captured; the caller releases what it made either way).
+    /// `dest` is complete, or from the start where the runtime's boots wait for it (gVisor's
+    /// make their containers meanwhile). A runtime that stops the instance to capture it
+    /// brings it back alongside `meanwhile` instead of before it, so a fork waits for the
+    /// longer of the two, not their sum. Answers the capture's result and `meanwhile`'s
+    /// output if it ran (boots that started fail when nothing was captured; the caller
+    /// releases what it made either way).
     fn capture_then<T: Send>(
         &self,
         inst: &Instance<Self::Handle>,

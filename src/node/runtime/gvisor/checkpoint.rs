@@ -35,8 +35,10 @@ impl GvisorRuntime {
         let container = self
             .container(inst)
             .ok_or_else(|| Error::conflict(format!("sandbox {} is not running", inst.id)))?;
-        self.quiesce(&inst.dir).await?;
+        // Made before the door closes: a door closed for a checkpoint that never runs would
+        // not open again.
         std::fs::create_dir_all(image).map_err(io_err("creating the checkpoint directory"))?;
+        self.quiesce(&inst.dir).await?;
         let made = self
             .cfg
             .runsc

@@ -13,6 +13,7 @@ pub mod files;
 pub mod holder;
 pub mod hostmem;
 pub mod oomguard;
+mod pending;
 pub mod runsc;
 mod standby;
 pub mod views;
@@ -41,6 +42,7 @@ use crate::sandbox::spec::{IdMap, Net};
 use crate::templates::{Template, TemplateStore};
 use buildroot::BuildRoots;
 use holder::Holder;
+use pending::{Pending, PendingImages};
 use runsc::Runsc;
 use standby::Standby;
 use views::{ChildMounts, IdViews};
@@ -139,6 +141,9 @@ enum Start<'a> {
     Restore(&'a Path),
     /// From a checkpoint image, into a container made for it ahead (see `standby`).
     Into(&'a Path, Box<Standby>),
+    /// From a checkpoint image still being written, into a container made while it is (see
+    /// `pending`).
+    Ahead(&'a Path, Pending),
 }
 
 const IMAGE_META: &str = "sandbox.json";
@@ -169,6 +174,8 @@ pub struct GvisorRuntime {
     builds: std::result::Result<std::sync::Arc<BuildRoots>, String>,
     /// Id-mapped views for build roots and volumes, or why this node cannot make them.
     views: std::result::Result<std::sync::Arc<IdViews>, String>,
+    /// Images a capture is writing now, which a fork's children start from ahead.
+    pending: PendingImages,
 }
 
 fn io_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
@@ -255,6 +262,7 @@ impl GvisorRuntime {
             libs,
             loader,
             live: Mutex::new(HashMap::new()),
+            pending: PendingImages::default(),
             nft: super::builtin::which("nft"),
         })
     }
@@ -464,6 +472,27 @@ impl GvisorRuntime {
     ) -> Result<(String, Option<Holder>)> {
         let (made, image, root) = match start {
             Start::Into(image, made) => (Some(made), Some(image), None),
+            Start::Ahead(image, pending) => {
+                match self
+                    .standby_for(inst_id, dir, image, cg, egress, rules)
+                    .await
+                {
+                    Ok(s) => {
+                        if let Err(e) = pending.complete().await {
+                            self.drop_standby(s).await;
+                            return Err(e);
+                        }
+                        (Some(Box::new(s)), Some(image), None)
+                    }
+                    // One child's start-up is no reason to fail a fork: it restores the
+                    // ordinary way once the image is complete.
+                    Err(e) => {
+                        tracing::warn!(instance = %inst_id, error = %e, "could not ready a fork child's restore ahead; restoring once its image is complete");
+                        pending.complete().await?;
+                        (None, Some(image), None)
+                    }
+                }
+            }
             Start::Restore(image) => (None, Some(image), None),
             Start::Fresh(root) => (None, None, root),
         };
@@ -782,15 +811,18 @@ impl Runtime for GvisorRuntime {
         // fresh sandbox takes in.
         let saved_files = spec.seed.filter(|s| files::is_files(s));
         let checkpoint = spec.seed.filter(|s| !files::is_files(s));
-        let init_token = match checkpoint {
-            Some(image) => {
+        // A fork's children start while their image is written (see `pending`).
+        let pending = checkpoint.and_then(|image| self.pending.get(image));
+        let init_token = match (checkpoint, &pending) {
+            (_, Some(p)) => p.init_token.clone(),
+            (None, None) => ids::random_hex(24),
+            (Some(image), None) => {
                 let bytes = std::fs::read(image.join(IMAGE_META))
                     .map_err(io_err("reading the checkpoint's description"))?;
                 serde_json::from_slice::<ImageMeta>(&bytes)
                     .map_err(|e| Error::internal(format!("the checkpoint's description: {e}")))?
                     .init_token
             }
-            None => ids::random_hex(24),
         };
         let (root, mounts) = if spec.build {
             std::fs::create_dir(spec.dir)
@@ -832,9 +864,10 @@ impl Runtime for GvisorRuntime {
             .launch(
                 spec.instance_id,
                 spec.dir,
-                match checkpoint {
-                    Some(image) => Start::Restore(image),
-                    None => Start::Fresh(mounts.as_ref()),
+                match (checkpoint, pending) {
+                    (Some(image), Some(pending)) => Start::Ahead(image, pending),
+                    (Some(image), None) => Start::Restore(image),
+                    (None, _) => Start::Fresh(mounts.as_ref()),
                 },
                 &cg,
                 egress,
@@ -1033,42 +1066,43 @@ impl Runtime for GvisorRuntime {
             Ok(Capture::Checkpoint) => {}
             Err(e) => return (Err(e), None),
         }
-        if self.cfg.runsc.resumes_after_checkpoint {
-            let door = Self::door_inode(&inst.dir);
-            let size = self.checkpoint_running(inst, dest, door).await;
-            if size.is_err() {
-                let _ = std::fs::remove_dir_all(dest);
-                return (size, None);
-            }
-            // Its door reopens while the copies start.
-            let (reopened, out) = futures::future::join(
-                self.wait_door(&inst.dir, door, self.cfg.boot_timeout),
-                meanwhile,
-            )
-            .await;
-            let result = reopened.and(size);
+        if !self.cfg.runsc.resumes_after_checkpoint {
+            // This runsc stops what it checkpoints, and restores only into a new container;
+            // the source continues from the very image, restored beside the copies.
+            let size = self.checkpoint_to(inst, dest).await;
+            let (restored, out) = if size.is_ok() {
+                let (r, o) = futures::future::join(self.restore_into(inst, dest), meanwhile).await;
+                (r, Some(o))
+            } else {
+                (self.restore_into(inst, dest).await, None)
+            };
+            let result = size.and_then(|s| restored.map(|()| s));
             if result.is_err() {
                 let _ = std::fs::remove_dir_all(dest);
             }
-            return (result, Some(out));
+            return (result, out);
         }
-        // This runsc stops what it checkpoints; the source continues from the very image,
-        // restored beside whatever starts from it.
-        let size = self.checkpoint_to(inst, dest).await;
-        let (restored, out) = if size.is_ok() {
-            let (r, o) = futures::future::join(self.restore_into(inst, dest), meanwhile).await;
-            (r, Some(o))
-        } else {
-            (self.restore_into(inst, dest).await, None)
-        };
-        let result = match (size, restored) {
-            (Ok(s), Ok(_)) => Ok(s),
-            (Err(e), _) | (_, Err(e)) => {
-                let _ = std::fs::remove_dir_all(dest);
-                Err(e)
+        // The copies start now: each makes its container while the image is written and
+        // reads the image once it is complete (see `pending`).
+        let writing = self.pending.expect(dest, &inst.handle.init_token);
+        let capture = async {
+            let door = Self::door_inode(&inst.dir);
+            let size = self.checkpoint_running(inst, dest, door).await;
+            writing.finish(size.is_ok());
+            // Its door reopens while the copies load.
+            match size {
+                Ok(size) => self
+                    .wait_door(&inst.dir, door, self.cfg.boot_timeout)
+                    .await
+                    .map(|()| size),
+                Err(e) => Err(e),
             }
         };
-        (result, out)
+        let (result, out) = futures::future::join(capture, meanwhile).await;
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(dest);
+        }
+        (result, Some(out))
     }
 
     async fn usage(&self, inst: &Instance<GvisorHandle>) -> Result<Usage> {
@@ -1140,6 +1174,10 @@ impl Runtime for GvisorRuntime {
         for c in self.cfg.runsc.list().await {
             tracing::warn!(container = %c, "deleting a runsc container left by an earlier run");
             let _ = self.cfg.runsc.delete(&c).await;
+        }
+        let files = self.cfg.runsc.remove_leftovers();
+        if files > 0 {
+            tracing::warn!(files, "removed runsc command files left by an earlier run");
         }
         for set in self.cgroups.leftovers() {
             if let Err(e) = self.cgroups.destroy(&set) {

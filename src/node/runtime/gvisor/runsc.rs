@@ -361,6 +361,19 @@ impl Runsc {
         self.call("delete", &args, None).await
     }
 
+    /// Removes what runsc commands of an earlier run left in the state root (their error
+    /// files, held restores' FIFOs: an unclean exit drops neither); answers how many.
+    pub fn remove_leftovers(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| is_leftover(&e.file_name().to_string_lossy()))
+            .filter(|e| std::fs::remove_file(e.path()).is_ok())
+            .count()
+    }
+
     /// The containers in this node's state root.
     pub async fn list(&self) -> Vec<String> {
         let out = tokio::process::Command::new(&self.path)
@@ -494,6 +507,12 @@ fn in_open(line: &str) -> bool {
     )
 }
 
+/// Whether a file in the state root is one of ours that a runsc command leaves only when the
+/// node dies under it: `<verb>-<hex>.stderr` (see `spawn`) or `<container>.hold`.
+fn is_leftover(name: &str) -> bool {
+    name.ends_with(".hold") || name.ends_with(".stderr")
+}
+
 /// `runsc [NETWORK] VERB FLAGS --bundle BUNDLE ID`, the network as `egress` asks.
 fn of_bundle(
     verb: &str,
@@ -567,6 +586,20 @@ mod tests {
         assert!(!in_open("running"));
         assert!(!in_open("-1 0x7ffd 0x4a"));
         assert!(!in_open(""));
+    }
+
+    #[test]
+    fn only_our_command_files_are_leftovers() {
+        assert!(is_leftover("checkpoint-a1b2c3.stderr"));
+        assert!(is_leftover("in_0123456789abcdef-a1b2c3.hold"));
+        // runsc's own state: a container's state file and lock.
+        assert!(!is_leftover(
+            "in_0123456789abcdef-a1b2c3_sandbox:in_0123.state"
+        ));
+        assert!(!is_leftover(
+            "in_0123456789abcdef-a1b2c3_sandbox:in_0123.lock"
+        ));
+        assert!(!is_leftover("runsc.lock"));
     }
 
     #[test]

@@ -33,37 +33,17 @@ impl GvisorRuntime {
             _ => return Ok(()),
         };
         let started = Instant::now();
-        let cg = &inst.handle.cgroup;
-        let egress = inst.handle.egress;
-        let (container, holder) = self
-            .ground(&inst.id, &inst.dir, cg, egress, rules.as_ref())
-            .await?;
-        let bundle = inst.dir.join("bundle");
-        let runsc = &self.cfg.runsc;
         let image = inst.dir.join(IMAGE_DIR);
-        let restore = match runsc.create(&bundle, &container, cg, egress).await {
-            Ok(()) => {
-                runsc
-                    .hold_restore(&image, &bundle, &container, cg, egress)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let restore = match restore {
-            Ok(r) => r,
-            Err(e) => {
-                // A create that failed half way may have left its processes; a restore not
-                // seen held may have gone on.
-                let _ = runsc.delete(&container).await;
-                return Err(e);
-            }
-        };
-        let made = Standby {
-            container,
-            holder,
-            restore,
-            made: Instant::now(),
-        };
+        let made = self
+            .standby_for(
+                &inst.id,
+                &inst.dir,
+                &image,
+                &inst.handle.cgroup,
+                inst.handle.egress,
+                rules.as_ref(),
+            )
+            .await?;
         let (leftover, evicted) = {
             let mut live = self.live();
             match live.get_mut(&inst.id) {
@@ -92,6 +72,44 @@ impl GvisorRuntime {
             "made a standby for the sandbox's resume"
         );
         Ok(())
+    }
+
+    /// Makes a standby for a restore of `image` into the sandbox of `dir`: its container
+    /// (with egress, its network holder first, `rules` in force) and the restore, held.
+    pub(super) async fn standby_for(
+        &self,
+        inst_id: &str,
+        dir: &Path,
+        image: &Path,
+        cg: &CgroupSet,
+        egress: bool,
+        rules: Option<&Egress>,
+    ) -> Result<Standby> {
+        let (container, holder) = self.ground(inst_id, dir, cg, egress, rules).await?;
+        let bundle = dir.join("bundle");
+        let runsc = &self.cfg.runsc;
+        let restore = match runsc.create(&bundle, &container, cg, egress).await {
+            Ok(()) => {
+                runsc
+                    .hold_restore(image, &bundle, &container, cg, egress)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match restore {
+            Ok(restore) => Ok(Standby {
+                container,
+                holder,
+                restore,
+                made: Instant::now(),
+            }),
+            Err(e) => {
+                // A create that failed half way may have left its processes; a restore not
+                // seen held may have gone on.
+                let _ = runsc.delete(&container).await;
+                Err(e)
+            }
+        }
     }
 
     /// The sandbox's standby, if it has one; it is the caller's from here.
