@@ -1,7 +1,7 @@
 //! The gvisor runtime on a real node with real runsc sandboxes: memory that survives pause,
 //! resume, forks and snapshots (a counter and a server's state held only in a process's
 //! memory), the boundary probed from inside, refusals that leave the sandbox running, a node
-//! killed during a checkpoint, and no leaks. Skips, saying why, only where runsc is absent.
+//! killed during a checkpoint, a fork whose checkpoint fails, and no leaks. Skips, saying why, only where runsc is absent.
 
 mod common;
 
@@ -39,10 +39,21 @@ async fn claim(d: &Dispatcher, name: &str, net: &str) -> (SandboxRecord, Sandbox
 }
 
 fn node(tmp: &tempfile::TempDir, token: &std::path::Path, pools: &[&str]) -> NodeProc {
+    node_with(tmp, token, pools, &[])
+}
+
+/// `node`, with more of the node's flags.
+fn node_with(
+    tmp: &tempfile::TempDir,
+    token: &std::path::Path,
+    pools: &[&str],
+    extra: &[&str],
+) -> NodeProc {
     let mut args = vec!["--runtime", "gvisor"];
     for p in pools {
         args.extend(["--pool", p]);
     }
+    args.extend(extra);
     NodeProc::start("gv", &tmp.path().join("node"), token, "127.0.0.1:0", &args)
 }
 
@@ -713,6 +724,65 @@ async fn a_node_killed_during_a_checkpoint_leaves_nothing_behind() {
         d.get(None, &a_rec.id).await.is_err(),
         "the lost sandbox is gone"
     );
+    stop(&tmp, d, node).await;
+}
+
+/// A fork whose checkpoint fails after its children have readied their restores (their
+/// containers made and restores held while the checkpoint runs, see runtime/gvisor/pending.rs)
+/// fails as a whole, leaves none of the children's containers, held restores or files, and
+/// the source runs on. runsc here is a wrapper that refuses every checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_whose_checkpoint_fails_leaves_no_child_behind() {
+    if runsc().is_none() {
+        return;
+    }
+    if !runsc_saves_more() {
+        println!("skipped: this runsc restarts what it checkpoints; children start after it");
+        return;
+    }
+    let (tmp, token) = workspace();
+    let wrapper = tmp.path().join("runsc-refusing-checkpoints");
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = checkpoint ]; then echo 'checkpoint refused by the test' >&2; exit 1; fi\ndone\nexec runsc \"$@\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper = wrapper.to_string_lossy().into_owned();
+    let node = node_with(&tmp, &token, &["base=1"], &["--runsc", &wrapper]);
+    let d = dispatcher(TOKEN, &[&node]);
+    d.wait_for_nodes(1, Duration::from_secs(30)).await.unwrap();
+    let (a_rec, a) = claim(&d, "a", "none").await;
+    a.run("echo kept > /tmp/state");
+    let before = runsc_containers(&node.data_dir);
+
+    let forked = d.fork(None, &a_rec.id, 2, 300).await;
+    let err = forked.expect_err("a fork without its checkpoint fails");
+    assert!(
+        format!("{err}").contains("checkpoint refused by the test"),
+        "the checkpoint's own error: {err}"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the children's containers are deleted",
+        || runsc_containers(&node.data_dir) == before,
+    )
+    .await;
+    assert!(
+        held_restores(&node.data_dir, "").is_empty(),
+        "no child's restore is left held"
+    );
+    // The source runs on, its state and door intact.
+    assert_eq!(a.run("cat /tmp/state").stdout.trim(), "kept");
+    let ids: Vec<String> = d.list(None).0.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(
+        ids,
+        std::slice::from_ref(&a_rec.id),
+        "only the source is claimed"
+    );
+
+    d.release(None, &a_rec.id).await.unwrap();
     stop(&tmp, d, node).await;
 }
 

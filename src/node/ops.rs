@@ -362,8 +362,9 @@ impl<R: Runtime> Node<R> {
             .await;
         let mut booted: Vec<Result<Instance<R::Handle>>> = booted.unwrap_or_default();
         if let Err(e) = captured {
-            // Children that started from it go with the failure below.
-            booted.push(Err(e));
+            // Children that started from it go with the failure below, which names the
+            // capture's (theirs only says it failed).
+            booted.insert(0, Err(e));
         }
         let _ = tokio::fs::remove_dir_all(&scratch).await;
 
