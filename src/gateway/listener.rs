@@ -168,24 +168,19 @@ mod tests {
     use actix_web::{App, HttpRequest, HttpResponse, web};
     use futures::StreamExt;
 
-    /// Waits until the client's body has filled the socket, then reads it, noting how many
-    /// connections held a large read buffer meanwhile; and says what the handler was told of
-    /// its connection.
+    /// Waits until the client's body has filled the socket, then reads it; and says what the
+    /// handler was told of its connection.
     async fn count(req: HttpRequest, mut body: web::Payload) -> HttpResponse {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let (mut len, mut large) = (0usize, 0usize);
+        let mut len = 0usize;
         while let Some(chunk) = body.next().await {
             match chunk {
                 Ok(c) => len += c.len(),
                 Err(e) => return HttpResponse::BadRequest().body(e.to_string()),
             }
-            large = large.max(super::super::readahead::large_buffers());
         }
         let scheme = req.connection_info().scheme().to_string();
-        HttpResponse::Ok().body(format!(
-            "{len} {large} {scheme} {}",
-            req.app_config().secure()
-        ))
+        HttpResponse::Ok().body(format!("{len} {scheme} {}", req.app_config().secure()))
     }
 
     async fn upload(tls: bool) -> String {
@@ -231,26 +226,27 @@ mod tests {
         text
     }
 
-    /// The upload's answer: the whole body arrived, a large read buffer was held while it
-    /// was read, and the handler was told `scheme` and `secure`.
-    fn check(got: &str, scheme: &str, secure: &str) {
-        let parts: Vec<&str> = got.split(' ').collect();
-        assert_eq!(parts[0], (8 << 20).to_string(), "{got}");
-        assert!(
-            parts[1].parse::<usize>().is_ok_and(|n| n >= 1),
-            "no large buffer: {got}"
-        );
-        assert_eq!(parts[2..], [scheme, secure], "{got}");
+    /// Uploads through a listener until one upload's connection took a large buffer (at most
+    /// five: a client starved of CPU may send slower than it is read, and then a small buffer
+    /// is right), checking each answer: the whole body arrived and the handler was told
+    /// `scheme` and `secure`. The gateway's budget is watched, so the two listeners take turns.
+    async fn uploads_take_large_buffers(tls: bool, scheme: &str, secure: &str) {
+        for _ in 0..5 {
+            let before = super::super::readahead::large_buffers_taken();
+            let got = upload(tls).await;
+            let parts: Vec<&str> = got.split(' ').collect();
+            assert_eq!(parts, [(8 << 20).to_string().as_str(), scheme, secure]);
+            if super::super::readahead::large_buffers_taken() > before {
+                return;
+            }
+        }
+        panic!("no {scheme} upload in five took a large buffer");
     }
 
     #[actix_web::test]
-    async fn a_plain_connection_is_read_in_large_blocks() {
-        check(&upload(false).await, "http", "false");
-    }
-
-    #[actix_web::test]
-    async fn a_tls_connection_is_read_in_large_blocks_and_says_it_is_secure() {
+    async fn connections_are_read_in_large_blocks_and_say_whether_they_are_secure() {
+        uploads_take_large_buffers(false, "http", "false").await;
         // The session cookie's name and the dashboard's origin check depend on these.
-        check(&upload(true).await, "https", "true");
+        uploads_take_large_buffers(true, "https", "true").await;
     }
 }

@@ -35,6 +35,10 @@ pub const LARGE_CONNECTIONS: usize = 64;
 pub struct Budget {
     held: AtomicUsize,
     limit: usize,
+    /// How many places were ever taken (for the listener's tests: a place given back before
+    /// they look still shows here).
+    #[cfg(test)]
+    taken: AtomicUsize,
 }
 
 impl Budget {
@@ -42,15 +46,23 @@ impl Budget {
         Self {
             held: AtomicUsize::new(0),
             limit,
+            #[cfg(test)]
+            taken: AtomicUsize::new(0),
         }
     }
 
     fn take(&self) -> bool {
-        self.held
+        let took = self
+            .held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < self.limit).then_some(n + 1)
             })
-            .is_ok()
+            .is_ok();
+        #[cfg(test)]
+        if took {
+            self.taken.fetch_add(1, Ordering::AcqRel);
+        }
+        took
     }
 
     fn give_back(&self) {
@@ -61,10 +73,11 @@ impl Budget {
 /// The gateway's budget.
 static BUDGET: Budget = Budget::new(LARGE_CONNECTIONS);
 
-/// How many connections hold a large buffer now (for the listener's tests).
+/// How many times a connection took a large buffer (for the listener's tests; nothing else
+/// in the crate's tests uses the gateway's budget).
 #[cfg(test)]
-pub fn large_buffers() -> usize {
-    BUDGET.held.load(Ordering::Acquire)
+pub fn large_buffers_taken() -> usize {
+    BUDGET.taken.load(Ordering::Acquire)
 }
 
 /// A connection whose reads are made in large blocks (see the module's comment).
@@ -289,6 +302,11 @@ mod tests {
         }
     }
 
+    /// A reader with a budget of its own: the gateway's is the listener's tests' to watch.
+    fn reader(script: Script) -> ReadAhead<Script> {
+        ReadAhead::with_budget(script, Box::leak(Box::new(Budget::new(LARGE_CONNECTIONS))))
+    }
+
     /// Reads everything in `chunk`-sized reads, as actix does, checking the numbering.
     async fn drain(r: &mut ReadAhead<Script>, chunk: usize) -> io::Result<usize> {
         let mut buf = vec![0u8; chunk];
@@ -309,7 +327,7 @@ mod tests {
     async fn small_reads_become_large_ones_while_the_socket_has_more() {
         // A client sending faster than it is read: every socket read could be filled.
         let steps = (0..16).map(|_| Step::Data(usize::MAX));
-        let mut r = ReadAhead::new(Script::new(steps));
+        let mut r = reader(Script::new(steps));
         let total = drain(&mut r, 8 * 1024).await.unwrap();
         let asked = &r.get_ref().asked;
         // The socket saw room for 16, 32, ... KiB, then 1 MiB per read, not actix's 8 KiB.
@@ -332,7 +350,7 @@ mod tests {
             Step::Pending,
             Step::Data(10),
         ];
-        let mut r = ReadAhead::new(Script::new(steps));
+        let mut r = reader(Script::new(steps));
         let total = drain(&mut r, 4096).await.unwrap();
         assert_eq!(total, (16 + 32 + 64) * 1024 + 1000 + 10);
         let asked = &r.get_ref().asked;
@@ -353,7 +371,7 @@ mod tests {
             Step::Pending,
             Step::Data(usize::MAX),
         ];
-        let mut r = ReadAhead::new(Script::new(steps));
+        let mut r = reader(Script::new(steps));
         drain(&mut r, 4096).await.unwrap();
         // After filled reads a pause is the client's, not the end of its sending: 64 KiB stay.
         assert_eq!(r.get_ref().asked[..4], [16384, 32768, 65536, 65536]);
@@ -361,7 +379,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reader_with_room_for_a_block_reads_straight_in() {
-        let mut r = ReadAhead::new(Script::new([Step::Data(usize::MAX), Step::Data(5)]));
+        let mut r = reader(Script::new([Step::Data(usize::MAX), Step::Data(5)]));
         let mut buf = vec![0u8; 64 * 1024];
         assert_eq!(r.read(&mut buf).await.unwrap(), 64 * 1024);
         assert_eq!(r.read(&mut buf).await.unwrap(), 5);
@@ -371,7 +389,7 @@ mod tests {
 
     #[tokio::test]
     async fn end_of_stream_and_errors_pass_through() {
-        let mut r = ReadAhead::new(Script::new([Step::Data(100), Step::Fail]));
+        let mut r = reader(Script::new([Step::Data(100), Step::Fail]));
         let mut buf = [0u8; 10];
         let mut got = 0;
         let err = loop {
@@ -381,7 +399,7 @@ mod tests {
             }
         };
         assert_eq!((got, err.to_string().as_str()), (100, "reset"));
-        let mut r = ReadAhead::new(Script::new([Step::Data(3)]));
+        let mut r = reader(Script::new([Step::Data(3)]));
         assert_eq!(drain(&mut r, 2).await.unwrap(), 3);
         assert_eq!(r.read(&mut buf).await.unwrap(), 0, "the end stays the end");
     }

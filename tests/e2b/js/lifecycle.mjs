@@ -25,6 +25,11 @@ async function main() {
     assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true })
     // A process that must survive the pause as itself.
     const h = await sbx.commands.run('sleep 600', { background: true })
+    // Stop following it: a pause cuts open streams, and this SDK answers a stream cut
+    // mid-request by probing envd's /health, which is traffic and so wakes an auto-resuming
+    // sandbox at once (as any request does); the pause this scenario waits for would be gone
+    // within milliseconds.
+    await h.disconnect()
     await waitState(sbx.sandboxId, 'paused', 20_000)
     // Lists come from the gateway's read view, which follows the nodes' change streams and
     // waits up to a second for the state a live read saw; on a loaded machine it may trail a

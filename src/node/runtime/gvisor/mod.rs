@@ -1084,7 +1084,7 @@ impl Runtime for GvisorRuntime {
         }
         // The copies start now: each makes its container while the image is written and
         // reads the image once it is complete (see `pending`).
-        let writing = self.pending.expect(dest, &inst.handle.init_token);
+        let writing = self.pending.announce(dest, &inst.handle.init_token);
         let capture = async {
             let door = Self::door_inode(&inst.dir);
             let size = self.checkpoint_running(inst, dest, door).await;

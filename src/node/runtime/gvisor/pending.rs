@@ -41,7 +41,7 @@ impl PendingImages {
     }
 
     /// Says `image` is being written, of a sandbox whose init has `init_token`.
-    pub fn expect(&self, image: &Path, init_token: &str) -> Writing<'_> {
+    pub fn announce(&self, image: &Path, init_token: &str) -> Writing<'_> {
         let (done, seen) = watch::channel(None);
         self.map().insert(
             image.to_path_buf(),
@@ -100,7 +100,7 @@ mod tests {
         let images = PendingImages::default();
         let path = Path::new("/scratch/a");
         assert!(images.get(path).is_none());
-        let writing = images.expect(path, "tok");
+        let writing = images.announce(path, "tok");
         let pending = images.get(path).expect("pending while written");
         assert_eq!(pending.init_token, "tok");
         let waiter = tokio::spawn(pending.clone().complete());
@@ -116,12 +116,12 @@ mod tests {
     #[tokio::test]
     async fn a_failed_or_abandoned_image_fails_its_boots() {
         let images = PendingImages::default();
-        let failed = images.expect(Path::new("/scratch/f"), "t");
+        let failed = images.announce(Path::new("/scratch/f"), "t");
         let of_failed = images.get(Path::new("/scratch/f")).expect("pending");
         failed.finish(false);
         assert!(of_failed.complete().await.is_err());
 
-        let abandoned = images.expect(Path::new("/scratch/g"), "t");
+        let abandoned = images.announce(Path::new("/scratch/g"), "t");
         let of_abandoned = images.get(Path::new("/scratch/g")).expect("pending");
         drop(abandoned);
         assert!(of_abandoned.complete().await.is_err());

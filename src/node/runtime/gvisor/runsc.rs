@@ -163,25 +163,12 @@ impl Runsc {
     /// Runs one runsc command. Its standard error goes to a file, not a pipe: the sandbox
     /// processes `run` and `restore` leave behind inherit it and would hold a pipe open.
     async fn call(&self, what: &str, args: &[OsString], cgroup: Option<&CgroupSet>) -> Result<()> {
-        self.call_with(what, args, cgroup, false, None).await
+        self.spawn(what, args, cgroup, false, None)?.finish().await
     }
 
-    /// `call`, optionally working around runsc's root-namespace check (see `hide_proc_sys_net`)
-    /// and with mounts of its own (a build's root, volumes: see `views`).
-    async fn call_with(
-        &self,
-        what: &str,
-        args: &[OsString],
-        cgroup: Option<&CgroupSet>,
-        network: bool,
-        mounts: Option<&ChildMounts>,
-    ) -> Result<()> {
-        self.spawn(what, args, cgroup, network, mounts)?
-            .finish()
-            .await
-    }
-
-    /// Starts one runsc command as `call_with` describes; `Spawned::finish` waits for it.
+    /// Starts one runsc command as `call` does, optionally working around runsc's
+    /// root-namespace check (see `hide_proc_sys_net`) and with mounts of its own (a build's
+    /// root, volumes: see `views`); `Spawned::finish` waits for it.
     fn spawn(
         &self,
         what: &str,
@@ -250,7 +237,8 @@ impl Runsc {
         mounts: Option<&ChildMounts>,
     ) -> Result<()> {
         let args = of_bundle("run", &["--detach".into()], bundle, id, egress);
-        self.call_with("run", &args, Some(cgroup), egress, mounts)
+        self.spawn("run", &args, Some(cgroup), egress, mounts)?
+            .finish()
             .await
     }
 
@@ -265,7 +253,8 @@ impl Runsc {
         egress: bool,
     ) -> Result<()> {
         let args = of_bundle("create", &[], bundle, id, egress);
-        self.call_with("create", &args, Some(cgroup), egress, None)
+        self.spawn("create", &args, Some(cgroup), egress, None)?
+            .finish()
             .await
     }
 
@@ -281,7 +270,9 @@ impl Runsc {
     ) -> Result<()> {
         let flags = ["--image-path".into(), image.into(), "--detach".into()];
         let args = of_bundle("restore", &flags, bundle, id, egress);
-        self.call_with("restore", &args, cgroup, egress, None).await
+        self.spawn("restore", &args, cgroup, egress, None)?
+            .finish()
+            .await
     }
 
     /// Starts `restore` as `restore` does, but held before it reads anything: runsc opens its
