@@ -730,7 +730,8 @@ async fn a_node_killed_during_a_checkpoint_leaves_nothing_behind() {
 /// A fork whose checkpoint fails after its children have readied their restores (their
 /// containers made and restores held while the checkpoint runs, see runtime/gvisor/pending.rs)
 /// fails as a whole, leaves none of the children's containers, held restores or files, and
-/// the source runs on. runsc here is a wrapper that refuses every checkpoint.
+/// the source runs on. runsc here is a wrapper that refuses every checkpoint once it has seen
+/// both children's restores held (so the test also shows the children start ahead of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_whose_checkpoint_fails_leaves_no_child_behind() {
     if runsc().is_none() {
@@ -741,10 +742,31 @@ async fn a_fork_whose_checkpoint_fails_leaves_no_child_behind() {
         return;
     }
     let (tmp, token) = workspace();
+    // The checkpoint first waits (10 s at most) to see both children's restores held in the
+    // node's runsc root, and notes how many it saw: children that waited for the checkpoint
+    // to end would never be seen.
     let wrapper = tmp.path().join("runsc-refusing-checkpoints");
+    let seen = tmp.path().join("holds-seen-during-the-checkpoint");
     std::fs::write(
         &wrapper,
-        "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = checkpoint ]; then echo 'checkpoint refused by the test' >&2; exit 1; fi\ndone\nexec runsc \"$@\"\n",
+        format!(
+            r#"#!/bin/sh
+for a in "$@"; do
+  if [ "$a" = checkpoint ]; then
+    i=0
+    while [ $i -lt 100 ]; do
+      n=$(ls {root} 2>/dev/null | grep -c '\.hold$')
+      if [ "$n" -ge 2 ]; then echo "$n" > {seen}; break; fi
+      i=$((i+1)); sleep 0.1
+    done
+    echo 'checkpoint refused by the test' >&2; exit 1
+  fi
+done
+exec runsc "$@"
+"#,
+            root = tmp.path().join("node/runsc").display(),
+            seen = seen.display(),
+        ),
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -762,6 +784,11 @@ async fn a_fork_whose_checkpoint_fails_leaves_no_child_behind() {
     assert!(
         format!("{err}").contains("checkpoint refused by the test"),
         "the checkpoint's own error: {err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&seen).ok().as_deref(),
+        Some("2\n"),
+        "both children held their restores while the checkpoint ran"
     );
     eventually(
         Duration::from_secs(20),
