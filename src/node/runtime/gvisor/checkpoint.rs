@@ -272,4 +272,70 @@ impl GvisorRuntime {
         }
         Ok(())
     }
+
+    /// Captures `inst` into `dest` (the runtime's `capture_then`) and runs `meanwhile` beside
+    /// it; with `meanwhile` (boots from `dest`) the image is announced as pending while it is
+    /// written, so that those boots start ahead (see `pending`).
+    pub(super) async fn capture_beside<T: Send>(
+        &self,
+        inst: &Instance<GvisorHandle>,
+        paused: bool,
+        dest: &Path,
+        meanwhile: Option<impl Future<Output = T> + Send>,
+    ) -> (Result<u64>, Option<T>) {
+        let _busy = self.busy(&inst.id);
+        match self.capturable(inst, paused, dest).await {
+            Ok(Capture::Copied(size)) => return (Ok(size), run(meanwhile).await),
+            Ok(Capture::Checkpoint) => {}
+            Err(e) => return (Err(e), None),
+        }
+        if !self.cfg.runsc.resumes_after_checkpoint {
+            // This runsc stops what it checkpoints, and restores only into a new container;
+            // the source continues from the very image, restored beside the copies.
+            let size = self.checkpoint_to(inst, dest).await;
+            let (restored, out) = if size.is_ok() {
+                futures::future::join(self.restore_into(inst, dest), run(meanwhile)).await
+            } else {
+                (self.restore_into(inst, dest).await, None)
+            };
+            let result = size.and_then(|s| restored.map(|()| s));
+            if result.is_err() {
+                let _ = std::fs::remove_dir_all(dest);
+            }
+            return (result, out);
+        }
+        // The copies start now: each makes its container while the image is written and
+        // reads the image once it is complete (see `pending`).
+        let writing = meanwhile
+            .is_some()
+            .then(|| self.pending.announce(dest, &inst.handle.init_token));
+        let capture = async {
+            let door = Self::door_inode(&inst.dir);
+            let size = self.checkpoint_running(inst, dest, door).await;
+            if let Some(w) = writing {
+                w.finish(size.is_ok());
+            }
+            // Its door reopens while the copies load.
+            match size {
+                Ok(size) => self
+                    .wait_door(&inst.dir, door, self.cfg.boot_timeout)
+                    .await
+                    .map(|()| size),
+                Err(e) => Err(e),
+            }
+        };
+        let (result, out) = futures::future::join(capture, run(meanwhile)).await;
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(dest);
+        }
+        (result, out)
+    }
+}
+
+/// Awaits `f` if there is one.
+async fn run<T>(f: Option<impl Future<Output = T>>) -> Option<T> {
+    match f {
+        Some(f) => Some(f.await),
+        None => None,
+    }
 }
