@@ -305,9 +305,9 @@ impl GvisorRuntime {
             return (result, out);
         }
         // The copies start now: each makes its container while the image is written and
-        // reads the image once it is complete (see `pending`).
-        let writing = meanwhile
-            .is_some()
+        // reads the image once it is complete (see `pending`), where runsc can restore into
+        // a made container.
+        let writing = (meanwhile.is_some() && self.cfg.runsc.restores_into_created)
             .then(|| self.pending.announce(dest, &inst.handle.init_token));
         let capture = async {
             let door = Self::door_inode(&inst.dir);

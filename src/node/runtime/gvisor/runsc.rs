@@ -32,6 +32,10 @@ pub struct Runsc {
     /// Whether `checkpoint --leave-running` lets the sandbox run on in place (newer builds;
     /// older ones restart it from the image, which the node does itself, see `capture`).
     pub resumes_after_checkpoint: bool,
+    /// Whether `restore` loads an image into a container `create` made (newer builds; older
+    /// ones refuse it: "container already exists"), which standbys and a fork's children
+    /// started ahead rely on.
+    pub restores_into_created: bool,
     /// Whether `checkpoint` takes `--compression` (newer builds, which compress by default):
     /// images are written uncompressed, since compressing is most of a pause's cost per MiB
     /// here (see PERFORMANCE.md) and the checkpoint budget bounds their size.
@@ -56,6 +60,10 @@ const SAVES_WATCHED_SOCKETS_SINCE: u32 = 20240729;
 /// The first build seen to go on running in place after `checkpoint --leave-running` (same
 /// Sentry, its processes continuing) rather than being restarted from the image.
 const RESUMES_AFTER_CHECKPOINT_SINCE: u32 = 20240729;
+
+/// The first build seen to restore into a container made by `create` (Debian's 2022-12-19
+/// refuses: "cannot lock container metadata file: container already exists").
+const RESTORES_INTO_CREATED_SINCE: u32 = 20240729;
 
 /// `auto` is systrap on builds that have a working one, ptrace on older ones; anything else
 /// is taken as asked.
@@ -125,6 +133,7 @@ impl Runsc {
             saves_connections: flags.contains("-net-disconnect-ok"),
             saves_watched_sockets: date.is_some_and(|d| d >= SAVES_WATCHED_SOCKETS_SINCE),
             resumes_after_checkpoint: date.is_some_and(|d| d >= RESUMES_AFTER_CHECKPOINT_SINCE),
+            restores_into_created: date.is_some_and(|d| d >= RESTORES_INTO_CREATED_SINCE),
             platform: pick_platform(platform, date).to_string(),
             date,
             path,

@@ -20,10 +20,11 @@ pub(super) struct Standby {
 }
 
 impl GvisorRuntime {
-    /// Makes a standby for `inst` if it is paused to disk, has none and the node keeps any;
-    /// the oldest other standby gives way when the node has its fill.
+    /// Makes a standby for `inst` if it is paused to disk, has none, the node keeps any and
+    /// its runsc can restore into one; the oldest other standby gives way when the node has
+    /// its fill.
     pub(super) async fn make_standby(&self, inst: &Instance<GvisorHandle>) -> Result<()> {
-        if self.cfg.standbys == 0 {
+        if self.cfg.standbys == 0 || !self.cfg.runsc.restores_into_created {
             return Ok(());
         }
         let rules = match self.live().get(&inst.id) {
