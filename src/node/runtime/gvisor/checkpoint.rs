@@ -3,25 +3,24 @@
 //! needs beside it, what a capture takes, and the work left for after the answer.
 
 use super::*;
+use futures::future::OptionFuture;
 
 impl GvisorRuntime {
-    /// Closes the sandbox's door and cuts its connections: gVisor cannot checkpoint a sandbox
-    /// that holds host sockets.
-    pub(super) async fn quiesce(&self, dir: &Path) -> Result<()> {
-        let mut s = UnixStream::connect(Self::door(dir))
-            .await
-            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
-        s.write_all(b"QUIESCE\n")
-            .await
-            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
-        let mut ok = [0u8; 3];
-        s.read_exact(&mut ok)
-            .await
-            .map_err(|e| Error::unavailable(format!("quiescing the sandbox: {e}")))?;
-        // The init closes its end; give the Sentry a moment to drop the host socket.
-        drop(s);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        Ok(())
+    /// Asks the sandbox whether a checkpoint would succeed (see `gvisor_init::unsaveable`):
+    /// None if so, else why not.
+    pub(super) async fn unsaveable(&self, dir: &Path) -> Result<Option<String>> {
+        if self.cfg.runsc.saves_watched_sockets {
+            return Ok(None);
+        }
+        let answer = Self::ask(dir, "SAVEABLE").await?;
+        match answer.trim().split_once(' ').unwrap_or((answer.trim(), "")) {
+            ("OK", _) => Ok(None),
+            ("NO", why) => Ok(Some(why.to_string())),
+            _ => Err(Error::unavailable(format!(
+                "the sandbox gave an unexpected answer: {:?}",
+                answer.trim()
+            ))),
+        }
     }
 
     /// Closes the running sandbox's door and has runsc checkpoint it into `image` (see
@@ -285,7 +284,7 @@ impl GvisorRuntime {
     ) -> (Result<u64>, Option<T>) {
         let _busy = self.busy(&inst.id);
         match self.capturable(inst, paused, dest).await {
-            Ok(Capture::Copied(size)) => return (Ok(size), run(meanwhile).await),
+            Ok(Capture::Copied(size)) => return (Ok(size), OptionFuture::from(meanwhile).await),
             Ok(Capture::Checkpoint) => {}
             Err(e) => return (Err(e), None),
         }
@@ -294,7 +293,8 @@ impl GvisorRuntime {
             // the source continues from the very image, restored beside the copies.
             let size = self.checkpoint_to(inst, dest).await;
             let (restored, out) = if size.is_ok() {
-                futures::future::join(self.restore_into(inst, dest), run(meanwhile)).await
+                futures::future::join(self.restore_into(inst, dest), OptionFuture::from(meanwhile))
+                    .await
             } else {
                 (self.restore_into(inst, dest).await, None)
             };
@@ -324,18 +324,10 @@ impl GvisorRuntime {
                 Err(e) => Err(e),
             }
         };
-        let (result, out) = futures::future::join(capture, run(meanwhile)).await;
+        let (result, out) = futures::future::join(capture, OptionFuture::from(meanwhile)).await;
         if result.is_err() {
             let _ = std::fs::remove_dir_all(dest);
         }
         (result, out)
-    }
-}
-
-/// Awaits `f` if there is one.
-async fn run<T>(f: Option<impl Future<Output = T>>) -> Option<T> {
-    match f {
-        Some(f) => Some(f.await),
-        None => None,
     }
 }

@@ -10,6 +10,7 @@ mod boot;
 pub mod buildroot;
 pub mod bundle;
 mod checkpoint;
+mod door;
 pub mod files;
 pub mod holder;
 pub mod hostmem;
@@ -315,95 +316,8 @@ impl GvisorRuntime {
         Busy { rt: self, id }
     }
 
-    fn door(dir: &Path) -> PathBuf {
-        dir.join("run").join(DOOR)
-    }
-
     fn container(&self, inst: &Instance<GvisorHandle>) -> Option<String> {
         self.live().get(&inst.id).and_then(|l| l.container.clone())
-    }
-
-    /// A new generation tells the sandbox's init that it may open its door again.
-    fn bump_generation(dir: &Path) -> Result<()> {
-        // Replaced whole by a rename: a sandbox that runs on through a checkpoint reads it
-        // while it is written, and an empty read would look like a new generation.
-        let run = dir.join("run");
-        let next = run.join(format!(".{GENERATION}.next"));
-        std::fs::write(&next, ids::random_hex(8))
-            .and_then(|()| std::fs::rename(&next, run.join(GENERATION)))
-            .map_err(io_err("writing the door generation"))
-    }
-
-    /// Waits until the door answers. `stale` is the inode of a door the sandbox closed and
-    /// opens anew (a quiesce the sandbox runs on from): until its socket is replaced, a
-    /// connection may reach the old one, which takes it and never answers.
-    async fn wait_door(&self, dir: &Path, stale: Option<u64>, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let door = Self::door(dir);
-        loop {
-            let replaced = stale.is_none() || Self::door_inode(dir) != stale;
-            let ping = async {
-                let mut s = UnixStream::connect(&door).await.ok()?;
-                let mut buf = [0u8; 5];
-                s.write_all(b"PING\n").await.ok()?;
-                s.read_exact(&mut buf).await.ok()?;
-                (&buf == b"PONG\n").then_some(())
-            };
-            // Each try is bounded, so one connection that is never answered cannot hold the
-            // wait past its deadline.
-            let left = deadline.saturating_duration_since(Instant::now());
-            if replaced
-                && let Ok(Some(())) = tokio::time::timeout(left.min(PING_WITHIN), ping).await
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(super::boot_too_slow(
-                    format!("the sandbox in {} (its door)", dir.display()),
-                    timeout,
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(3)).await;
-        }
-    }
-
-    /// The inode of the sandbox's door socket, if it has one.
-    fn door_inode(dir: &Path) -> Option<u64> {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(Self::door(dir)).ok().map(|m| m.ino())
-    }
-
-    /// Asks the sandbox whether a checkpoint would succeed (see `gvisor_init::unsaveable`):
-    /// None if so, else why not.
-    async fn unsaveable(&self, dir: &Path) -> Result<Option<String>> {
-        if self.cfg.runsc.saves_watched_sockets {
-            return Ok(None);
-        }
-        let answer = Self::ask(dir, "SAVEABLE").await?;
-        match answer.trim().split_once(' ').unwrap_or((answer.trim(), "")) {
-            ("OK", _) => Ok(None),
-            ("NO", why) => Ok(Some(why.to_string())),
-            _ => Err(Error::unavailable(format!(
-                "the sandbox gave an unexpected answer: {:?}",
-                answer.trim()
-            ))),
-        }
-    }
-
-    /// Sends `request` through the sandbox's door and answers its one-line reply.
-    async fn ask(dir: &Path, request: &str) -> Result<String> {
-        let mut s = UnixStream::connect(Self::door(dir))
-            .await
-            .map_err(|e| Error::unavailable(format!("the sandbox's door: {e}")))?;
-        s.write_all(format!("{request}\n").as_bytes())
-            .await
-            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
-        let mut answer = String::new();
-        tokio::io::BufReader::new(s)
-            .read_line(&mut answer)
-            .await
-            .map_err(|e| Error::unavailable(format!("asking the sandbox: {e}")))?;
-        Ok(answer)
     }
 }
 
@@ -727,33 +641,7 @@ impl Runtime for GvisorRuntime {
     }
 
     async fn dial(&self, inst: &Instance<GvisorHandle>, port: u16) -> Result<Conn> {
-        let mut s = UnixStream::connect(Self::door(&inst.dir))
-            .await
-            .map_err(|e| Error::unavailable(format!("sandbox {} is not serving: {e}", inst.id)))?;
-        s.write_all(format!("PORT {port}\n").as_bytes())
-            .await
-            .map_err(|e| Error::unavailable(format!("sandbox {}: {e}", inst.id)))?;
-        // One byte at a time: what follows the answer line is the port's own data.
-        let mut line = Vec::new();
-        loop {
-            let b = s
-                .read_u8()
-                .await
-                .map_err(|e| Error::unavailable(format!("sandbox {}: {e}", inst.id)))?;
-            if b == b'\n' || line.len() > 512 {
-                break;
-            }
-            line.push(b);
-        }
-        if line == b"OK" {
-            Ok(Box::new(s))
-        } else {
-            Err(Error::unavailable(format!(
-                "port {port} of sandbox {}: {}",
-                inst.id,
-                String::from_utf8_lossy(&line)
-            )))
-        }
+        Self::open_port(&inst.dir, &inst.id, port).await
     }
 
     fn init_token(&self, inst: &Instance<GvisorHandle>) -> String {
