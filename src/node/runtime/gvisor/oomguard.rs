@@ -6,14 +6,16 @@
 //! (`RECLAIM`); the sandbox and its other processes go on.
 //!
 //! gVisor fills memory faster than the guard is woken and the victim dies, so on cgroup v1 the
-//! host's limit sits a little above the sandbox's memory and the kernel's OOM killer is held
-//! back there (the allocating thread waits instead). That must never become a hang: the guard
-//! is woken by a usage threshold's eventfd and also looks every `LOOK`, and whenever the
-//! sandbox waits at its limit and the guard cannot free memory (no process large enough, no
-//! answer, or a kill that frees nothing within `ANSWER` because gVisor's own threads wait),
-//! it lets the kernel's OOM killer act, which ends the sandbox as a whole, as without the
-//! guard. On cgroup v2 `memory.high` slows the allocator instead and the guard looks every
-//! `POLL`.
+//! host's limit sits above the sandbox's memory (`host_limit`), and the kernel's OOM killer is
+//! held back there. Held back is not safe: at the limit gVisor's own allocations fail (the
+//! allocating process dies inside) or, from a page fault, the kernel may still end the Sentry
+//! (seen on 6.18 with the guard stopped on purpose), so the margin is what lets the guard act
+//! first. Waiting at the limit must never become a hang: the guard is woken by a usage
+//! threshold's eventfd and also looks every `LOOK`, and whenever the sandbox waits at its
+//! limit and the guard cannot free memory (no process large enough, no answer, or a kill that
+//! frees nothing within `ANSWER` because gVisor's own threads wait), it lets the kernel's OOM
+//! killer act, which ends the sandbox as a whole, as without the guard. On cgroup v2
+//! `memory.high` slows the allocator instead and the guard looks every `POLL`.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -42,10 +44,9 @@ const QUIET: Duration = Duration::from_secs(2);
 /// The host's memory limit for a sandbox of `memory` bytes: a quarter more, at least 128 MiB,
 /// for gVisor's own use and for what is allocated while the guard is woken and asks. The
 /// guard acts at `memory`. An eighth was too little: code inside gVisor touches new memory at
-/// about 350 MiB/s here, a 1 GiB sandbox reached 1,063 of its 1,152 MiB before the guard's
-/// kill (`memory.max_usage_in_bytes`), and on a loaded machine the guard's ask took up to
-/// 450 ms; reaching the host's limit fails gVisor's own allocations (the allocating process
-/// dies without the guard) and can leave a sandbox that starts no process.
+/// about 350 MiB/s here, and a 1 GiB sandbox reached 1,063 of its 1,152 MiB before the
+/// guard's kill on a quiet machine, 1,103 on a loaded one (`memory.max_usage_in_bytes`),
+/// where the guard's ask took up to 450 ms.
 pub fn host_limit(memory: u64) -> u64 {
     memory.saturating_add((memory / 4).max(128 << 20))
 }
