@@ -607,6 +607,10 @@ pub struct AgentArgs {
     /// The sandbox's CPUs, reported by envd (with --gvisor-init).
     #[arg(long, requires = "gvisor_init", default_value_t = 1)]
     pub cpu_count: u32,
+    /// How many processes and threads what the sandbox runs may hold (with --gvisor-init;
+    /// gVisor's own pids controller holds them to it).
+    #[arg(long, requires = "gvisor_init")]
+    pub pids: Option<u32>,
     /// The sandbox has egress through slirp4netns (with --gvisor-init).
     #[arg(long, requires = "gvisor_init")]
     pub egress: bool,

@@ -214,6 +214,7 @@ fn main() -> ExitCode {
                     a.init_token.unwrap_or_default(),
                     a.memory_bytes,
                     a.cpu_count,
+                    a.pids,
                     a.egress,
                     &a.services,
                 );

@@ -34,6 +34,9 @@ pub const GENERATION: &str = "generation";
 /// envd's socket, inside the sandbox's own file system (never shared with the host).
 const ENVD_SOCKET: &str = "/.sandbox-gateway/envd.sock";
 
+/// The sandbox's group in gVisor's own pids controller (runsc mounts it from the bundle).
+const TASKS_DIR: &str = "/sys/fs/cgroup/pids";
+
 /// The agent's pid (envd), which the memory guard never ends.
 static AGENT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
@@ -42,6 +45,7 @@ pub fn run(
     init_token: String,
     memory_bytes: u64,
     cpu_count: u32,
+    pids: Option<u32>,
     egress: bool,
     services: &[super::services::Service],
 ) -> ! {
@@ -67,6 +71,11 @@ pub fn run(
     if let Err(e) = super::mounts::write_identity(&hostname, resolver) {
         eprintln!("init: writing /etc identity: {e}");
     }
+    // What the init starts is held to the sandbox's pids; the init, outside, is not.
+    let limited = limit_tasks(pids).unwrap_or_else(|e| {
+        eprintln!("init: holding the sandbox's tasks to its pids: {e}");
+        false
+    });
     // The agent first, while this process is single-threaded.
     // SAFETY: fork of a single-threaded process; the child becomes the agent.
     let agent = unsafe { libc::fork() };
@@ -97,6 +106,14 @@ pub fn run(
         unsafe { libc::_exit(code) };
     }
     super::services::start(services, super::services::Exposure::Socket, memory_bytes);
+    if limited
+        && let Err(e) = std::fs::write(
+            Path::new(TASKS_DIR).join("cgroup.procs"),
+            std::process::id().to_string(),
+        )
+    {
+        eprintln!("init: leaving the limited tasks: {e}");
+    }
     for &service in services {
         std::thread::spawn(move || bridge(service.port(), service.socket()));
     }
@@ -117,6 +134,24 @@ pub fn run(
             unsafe { libc::_exit(1) };
         }
     }
+}
+
+/// Holds what the init starts next (envd, the services and all they start) to `pids` tasks
+/// with gVisor's own pids controller, as the built-in runtime's pids cgroup does: past it a
+/// fork or a new thread fails with EAGAIN inside. Without it a flood went on until the Sentry,
+/// each thread inside being a host thread, met the host's limit (set above this one) and the
+/// sandbox stopped answering. The limit is on a group below the sandbox's own, which the init
+/// joins for its forks and leaves after, so that its door answers through a flood. Answers
+/// whether the init joined it.
+fn limit_tasks(pids: Option<u32>) -> io::Result<bool> {
+    let Some(pids) = pids else {
+        return Ok(false);
+    };
+    let group = Path::new(TASKS_DIR).join("sandbox");
+    std::fs::create_dir_all(&group)?;
+    std::fs::write(group.join("pids.max"), pids.to_string())?;
+    std::fs::write(group.join("cgroup.procs"), std::process::id().to_string())?;
+    Ok(true)
 }
 
 fn generation(dir: &Path) -> String {

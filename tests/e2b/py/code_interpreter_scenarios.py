@@ -709,8 +709,9 @@ def test_a_kernel_is_held_to_the_sandboxs_memory_and_process_limits():
             time.sleep(1)
         assert e.text == "2", e
         # A thread flood in the kernel stops below the sandbox's pid limit (2048 for its size;
-        # threads count as processes there). Threads, not forks: a thousand forked copies of a
-        # kernel would meet the memory limit first.
+        # threads count as processes there), on gVisor too, whose init holds the sandbox's
+        # processes to it below the host's limit on the Sentry's threads. Threads, not forks: a
+        # thousand forked copies of a kernel would meet the memory limit first.
         flood_code = (
             "import threading, time\n"
             "n = 0\n"
@@ -722,19 +723,10 @@ def test_a_kernel_is_held_to_the_sandboxs_memory_and_process_limits():
             "        break\n"
             "n"
         )
-        if RUNTIME == "gvisor":
-            # gVisor (ptrace platform) backs each thread with a host thread, and the limit is
-            # the host's: the Sentry cannot grow past it, and the sandbox ends or stops
-            # answering (either happens). It stays contained: a new sandbox works.
-            with pytest.raises(TimeoutException):
-                s.run_code(flood_code, timeout=30)
-            s.kill()
-            s = own_sandbox()
-            assert s.run_code("6 * 7").text == "42"
-            return
         flood = s.run_code(flood_code, timeout=120)
         assert flood.error is None, flood.error
-        assert 100 < int(flood.text) < 2048, flood
+        # gVisor's pids controller runs a little over its limit at times (by up to 10 seen).
+        assert 100 < int(flood.text) < (2048 if RUNTIME == "builtin" else 2112), flood
         assert s.is_running()  # envd answers through the flood
         # The flood's threads each sleep 4 s and end; on a loaded machine their ends can trail.
         deadline = time.monotonic() + 60

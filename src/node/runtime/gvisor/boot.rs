@@ -364,6 +364,7 @@ impl GvisorRuntime {
             init_token,
             memory_bytes: tier.memory_bytes,
             cpu_count: tier.cpu_count,
+            pids: tier.pids,
             // The holder's namespace is filled in at each start.
             netns: egress.then_some(Path::new("/proc/self/ns/net")),
             services: &spec.template.meta.services,

@@ -30,6 +30,8 @@ pub struct BundleSpec<'a> {
     pub init_token: &'a str,
     pub memory_bytes: u64,
     pub cpu_count: u32,
+    /// Processes and threads inside (the init holds what it starts to it).
+    pub pids: u32,
     /// The network namespace to join (a holder's, for egress); None gives the sandbox a new,
     /// empty one.
     pub netns: Option<&'a Path>,
@@ -96,6 +98,8 @@ pub fn spec(b: &BundleSpec<'_>) -> Result<Spec> {
         b.memory_bytes.to_string(),
         "--cpu-count".into(),
         b.cpu_count.to_string(),
+        "--pids".into(),
+        b.pids.to_string(),
     ];
     if b.netns.is_some() {
         args.push("--egress".into());
@@ -130,6 +134,17 @@ pub fn spec(b: &BundleSpec<'_>) -> Result<Spec> {
         mounts.push(bind(lib, &format!("{LIB}/{}", name(lib)), false)?);
     }
     mounts.push(bind(b.run_dir, RUN_DIR, true)?);
+    // gVisor's own cgroups, the container's group of each controller at /sys/fs/cgroup/NAME:
+    // the init holds what it starts to the sandbox's pids there (`gvisor_init::limit_tasks`).
+    mounts.push(
+        MountBuilder::default()
+            .destination("/sys/fs/cgroup")
+            .typ("cgroup")
+            .source("cgroup")
+            .options(["nosuid", "nodev", "noexec"].map(String::from).to_vec())
+            .build()
+            .map_err(err)?,
+    );
     for (source, target) in b.volumes {
         mounts.push(bind(source, target, true)?);
     }
@@ -216,6 +231,7 @@ mod tests {
             init_token: "tok",
             memory_bytes: 1 << 29,
             cpu_count: 1,
+            pids: 64,
             netns: None,
             services: &[crate::sandbox::services::Service::CodeInterpreter],
             volumes: &[(PathBuf::from("/d/volumes/0"), "/mnt/work".into())],
@@ -272,6 +288,7 @@ mod tests {
             init_token: "t",
             memory_bytes: 1 << 29,
             cpu_count: 1,
+            pids: 64,
             netns: Some(Path::new("/proc/42/ns/net")),
             services: &[],
             volumes: &[],
